@@ -1,0 +1,1 @@
+"""A distributed test harness and correctness simulator for microbatched (DBO) CUDA-graph steps."""

@@ -1,0 +1,95 @@
+"""What one rank brings to a step: its scheduled batch, summarised as the DP sync sees it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from harness.config import HarnessConfig
+from harness.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class RankBatch:
+    """One rank's batch. `query_lens` (per request) is the full batch; the rest summarise it.
+
+    `uniform_token_count` is the per-request query length when every request has the same
+    one and no request is a prefill (vLLM's get_uniform_decode_token_count); None otherwise.
+    """
+
+    num_tokens: int
+    num_reqs: int
+    uniform_token_count: int | None
+    allow_ubatching: bool = True
+    query_lens: tuple[int, ...] | None = None
+
+    @classmethod
+    def from_query_lens(cls, query_lens: Sequence[int], allow_ubatching: bool = True,
+                        decode_query_len: int = 1) -> RankBatch:
+        lens = tuple(query_lens)
+        uct = decode_query_len if lens and all(q == decode_query_len for q in lens) else None
+        return cls(sum(lens), len(lens), uct, allow_ubatching, lens)
+
+    @classmethod
+    def uniform(cls, num_tokens: int, uniform_token_count: int | None = 1,
+                num_reqs: int | None = None, allow_ubatching: bool = True) -> RankBatch:
+        """A batch given by counts; requests default to tokens / uct (or one per token)."""
+        if num_tokens == 0:
+            return cls(0, 0, None, allow_ubatching, ())
+        if num_reqs is None:
+            num_reqs = num_tokens // uniform_token_count if uniform_token_count else num_tokens
+        return cls(num_tokens, num_reqs, uniform_token_count, allow_ubatching)
+
+    @property
+    def max_query_len(self) -> int | None:
+        if self.query_lens is not None:
+            return max(self.query_lens, default=0)
+        return self.uniform_token_count
+
+    def request_query_lens(self) -> tuple[int, ...]:
+        """Per-request query lengths; a batch given by counts spreads tokens like a dummy batch."""
+        if self.query_lens is not None:
+            return self.query_lens
+        return dummy_query_lens(self.num_reqs, self.num_tokens)
+
+
+def dummy_query_lens(num_reqs: int, num_tokens: int) -> tuple[int, ...]:
+    """vLLM's make_dummy layout: tokens // reqs each, the last tokens % reqs get one more."""
+    if num_reqs == 0:
+        return ()
+    base, extra = divmod(num_tokens, num_reqs)
+    return tuple(base + (1 if i >= num_reqs - extra else 0) for i in range(num_reqs))
+
+
+def validate_batches(config: HarnessConfig, batches: Sequence[RankBatch]) -> None:
+    """Reject per-rank batches that no scheduler would hand the ranks under this config."""
+    if len(batches) != config.dp_size:
+        raise ConfigError("tokens", f"has {len(batches)} entries for dp_size={config.dp_size}")
+    for rank, batch in enumerate(batches):
+        where = f"rank {rank}"
+        if batch.num_tokens < 0:
+            raise ConfigError("tokens", f"{where} has a negative token count {batch.num_tokens}")
+        if batch.num_reqs < 0:
+            raise ConfigError("reqs", f"{where} has a negative request count {batch.num_reqs}")
+        if batch.num_tokens > config.max_num_batched_tokens:
+            raise ConfigError("tokens", f"{where} schedules {batch.num_tokens} tokens, above "
+                              f"max_num_batched_tokens={config.max_num_batched_tokens}")
+        if batch.num_reqs > config.max_num_reqs:
+            raise ConfigError("reqs", f"{where} schedules {batch.num_reqs} requests, above "
+                              f"max_num_reqs={config.max_num_reqs}")
+        if (batch.num_tokens == 0) != (batch.num_reqs == 0):
+            raise ConfigError("reqs", f"{where} has {batch.num_tokens} tokens in "
+                              f"{batch.num_reqs} requests")
+        if batch.num_reqs > batch.num_tokens:
+            raise ConfigError("reqs", f"{where} has more requests ({batch.num_reqs}) than "
+                              f"tokens ({batch.num_tokens})")
+        uct = batch.uniform_token_count
+        if uct is not None and (uct < 1 or uct * batch.num_reqs != batch.num_tokens):
+            raise ConfigError("uct", f"{where} claims {uct} tokens per request but has "
+                              f"{batch.num_tokens} tokens in {batch.num_reqs} requests")
+        lens = batch.query_lens
+        if lens is not None and any(q < 1 for q in lens):
+            raise ConfigError("query_lens", f"{where} has a request with no tokens")
+        if lens is not None and (len(lens) != batch.num_reqs or sum(lens) != batch.num_tokens):
+            raise ConfigError("query_lens", f"{where} lists {len(lens)} requests of {sum(lens)} "
+                              f"tokens, not {batch.num_reqs} of {batch.num_tokens}")

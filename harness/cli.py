@@ -1,0 +1,189 @@
+"""`python -m harness`: the command line. Bad input is one line on stderr and exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from harness.batch import RankBatch, validate_batches
+from harness.check.agreement import first_disagreement
+from harness.config import HarnessConfig, config_kwargs, load_config_file, ubatching_fields
+from harness.errors import ConfigError
+from harness.sut.step_plan import StepPlan, decide_on_rank
+from harness.world.threads import RankFailure, RankHang, ThreadWorld
+
+EXIT_OK, EXIT_FOUND, EXIT_BAD_INPUT = 0, 1, 2
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {message} (see --help)",
+              file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+
+
+def _int_list(field: str, text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(part) for part in text.split(",") if part.strip() != ""]
+    except ValueError:
+        raise ConfigError(field, f"{text!r} is not a comma-separated list of integers") from None
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """Flags that fix config fields; shared by every command that builds a config."""
+    g = parser.add_argument_group("config (flags override --config FILE)")
+    g.add_argument("--config", metavar="FILE", help="JSON or TOML file of config fields")
+    g.add_argument("--capture-sizes", metavar="N,N", help="explicit CUDA graph capture sizes")
+    g.add_argument("--num-ubatches", type=int, metavar="K",
+                   help="microbatches per step: 2 is DBO (default), K > 2 is --ubatch-size K")
+    g.add_argument("--no-ubatching", action="store_true", help="turn microbatching off")
+    g.add_argument("--decode-threshold", type=int, metavar="N")
+    g.add_argument("--prefill-threshold", type=int, metavar="N")
+    g.add_argument("--mode", metavar="MODE",
+                   help="NONE, PIECEWISE, FULL, FULL_DECODE_ONLY or FULL_AND_PIECEWISE")
+    g.add_argument("--max-num-reqs", type=int, metavar="N")
+    g.add_argument("--max-num-batched-tokens", type=int, metavar="N")
+    g.add_argument("--guard", metavar="VARIANT", help="fixed (default), merged or strict-k2")
+    g.add_argument("--twins", metavar="VARIANT", help="all (default) or reachable")
+    g.add_argument("--threshold-offset-rank", type=int, metavar="R",
+                   help="fault: rank R generates twins with a shifted decode threshold")
+    g.add_argument("--threshold-offset", type=int, metavar="N")
+    g.add_argument("--seed", type=int)
+
+
+def config_from_args(args: argparse.Namespace, dp_size: int | None = None) -> HarnessConfig:
+    fields: dict[str, Any] = config_kwargs(load_config_file(args.config)) if args.config else {}
+    flag_fields = {
+        "decode_threshold": args.decode_threshold,
+        "prefill_threshold": args.prefill_threshold,
+        "cudagraph_mode": args.mode,
+        "max_num_reqs": args.max_num_reqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "guard": args.guard,
+        "twins": args.twins,
+        "threshold_offset_rank": args.threshold_offset_rank,
+        "threshold_offset": args.threshold_offset,
+        "seed": args.seed,
+        "capture_sizes": _int_list("capture_sizes", args.capture_sizes),
+    }
+    fields.update({k: v for k, v in flag_fields.items() if v is not None})
+    if args.num_ubatches is not None:
+        fields.update(ubatching_fields(args.num_ubatches))
+    if args.no_ubatching:
+        fields.update(enable_dbo=False, ubatch_size=0)
+    if dp_size is not None:
+        fields.setdefault("dp_size", dp_size)
+    return HarnessConfig(**fields)
+
+
+def _per_rank(field: str, values: list[int] | None, dp_size: int) -> list[int] | None:
+    if values is not None and len(values) != dp_size:
+        raise ConfigError(field, f"has {len(values)} entries for {dp_size} ranks (--tokens)")
+    return values
+
+
+def batches_from_args(args: argparse.Namespace) -> list[RankBatch]:
+    tokens = _int_list("tokens", args.tokens) or []
+    if not tokens:
+        raise ConfigError("tokens", "needs one count per rank, e.g. --tokens 64,128")
+    dp = len(tokens)
+    ucts = _per_rank("uct", _int_list("uct", args.uct), dp) or [1] * dp
+    reqs = _per_rank("reqs", _int_list("reqs", args.reqs), dp)
+    for rank in args.no_ubatch_rank:
+        if not 0 <= rank < dp:
+            raise ConfigError("no_ubatch_rank", f"rank {rank} is outside the {dp} ranks")
+    batches = []
+    for rank, n in enumerate(tokens):
+        if n < 0:
+            raise ConfigError("tokens", f"rank {rank} has a negative token count {n}")
+        if ucts[rank] < 0:
+            raise ConfigError("uct", f"rank {rank} has a negative uniform token count")
+        uct = ucts[rank] or None
+        if reqs is None and uct is not None and n % uct:
+            raise ConfigError("uct", f"rank {rank}: {n} tokens are not a multiple of {uct}")
+        batches.append(RankBatch.uniform(n, uct, None if reqs is None else reqs[rank],
+                                         allow_ubatching=rank not in args.no_ubatch_rank))
+    return batches
+
+
+def _plan_json(plan: StepPlan) -> dict[str, Any]:
+    return {
+        "rank": plan.rank,
+        "cg_mode": plan.desc.cg_mode.name,
+        "num_tokens": plan.num_tokens,
+        "num_reqs": plan.num_reqs,
+        "num_ubatches": plan.desc.num_ubatches,
+        "uniform_token_count": plan.uniform_token_count,
+        "eager": plan.eager,
+        "regions": [{"tokens": r.tokens, "real_tokens": r.real_tokens} for r in plan.regions],
+    }
+
+
+def _plan_table(plans: Sequence[StepPlan]) -> str:
+    header = ("rank", "real", "decision", "graph", "tokens", "reqs", "uct", "regions (real/size)")
+    rows = [header]
+    for p in plans:
+        graph = "-" if p.desc.cg_mode.name == "NONE" else p.desc.label()
+        regions = " ".join(f"{r.real_tokens}/{r.tokens}" for r in p.regions) or "-"
+        rows.append((str(p.rank), str(p.real_tokens), p.kind, graph, str(p.num_tokens),
+                     str(p.num_reqs), str(p.uniform_token_count), regions))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                     for r in rows)
+
+
+def cmd_decide(args: argparse.Namespace) -> int:
+    batches = batches_from_args(args)
+    config = config_from_args(args, dp_size=len(batches))
+    validate_batches(config, batches)
+    with ThreadWorld(config.dp_size, timeout_s=args.timeout) as world:
+        plans = world.run(lambda rank, group: decide_on_rank(group, config, rank,
+                                                             batches[rank], args.timeout))
+    disagreement = first_disagreement(plans)
+    if args.json:
+        print(json.dumps({"agree": disagreement is None,
+                          "disagreement": disagreement.describe() if disagreement else None,
+                          "ranks": [_plan_json(p) for p in plans]}))
+    else:
+        print(_plan_table(plans))
+        print("ranks agree" if disagreement is None
+              else f"RANKS DISAGREE: {disagreement.describe()}")
+    return EXIT_OK if disagreement is None else EXIT_FOUND
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _OneLineParser(prog="python -m harness", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
+    decide = sub.add_parser("decide", help="run one step's DP sync on every rank and show the "
+                            "decision each rank gets")
+    decide.add_argument("--tokens", required=True, metavar="N,N",
+                        help="scheduled tokens per rank; its length is dp_size")
+    decide.add_argument("--uct", metavar="U,U",
+                        help="uniform token count per rank (1 = uniform decode, the default; "
+                        "0 = mixed batch)")
+    decide.add_argument("--reqs", metavar="R,R", help="requests per rank (default tokens / uct)")
+    decide.add_argument("--no-ubatch-rank", type=int, action="append", default=[], metavar="R",
+                        help="a rank that does not allow microbatching (repeatable)")
+    decide.add_argument("--timeout", type=float, default=10.0, metavar="S",
+                        help="bound on each collective, seconds")
+    decide.add_argument("--json", action="store_true", help="print one JSON object")
+    add_config_flags(decide)
+    decide.set_defaults(func=cmd_decide)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except (RankFailure, RankHang) as exc:
+        print(f"error: the ranks did not complete the step: {exc}", file=sys.stderr)
+        return EXIT_FOUND

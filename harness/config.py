@@ -1,0 +1,284 @@
+"""The harness configuration: one frozen object every rank builds identically.
+
+Field names follow vLLM's ParallelConfig / SchedulerConfig / CompilationConfig where a field
+has a counterpart there (dbo-reference section 1); the variant switches select known bugs.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import tomllib
+from dataclasses import dataclass, fields, replace
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from harness.errors import ConfigError
+
+
+class CudaGraphMode(enum.Enum):
+    """vLLM's CUDAGraphMode: three runtime modes and two composite ones (decode, mixed)."""
+
+    NONE = 0
+    PIECEWISE = 1
+    FULL = 2
+    FULL_DECODE_ONLY = (2, 0)
+    FULL_AND_PIECEWISE = (2, 1)
+
+    def separate_routine(self) -> bool:
+        return isinstance(self.value, tuple)
+
+    def decode_mode(self) -> CudaGraphMode:
+        return CudaGraphMode(self.value[0]) if self.separate_routine() else self
+
+    def mixed_mode(self) -> CudaGraphMode:
+        return CudaGraphMode(self.value[1]) if self.separate_routine() else self
+
+    def is_runtime_mode(self) -> bool:
+        return not self.separate_routine()
+
+    @classmethod
+    def parse(cls, name: str, field_name: str = "cudagraph_mode") -> CudaGraphMode:
+        try:
+            return cls[name.upper()]
+        except KeyError:
+            names = ", ".join(m.name for m in cls)
+            raise ConfigError(field_name, f"unknown mode {name!r} (one of {names})") from None
+
+
+class Guard(enum.Enum):
+    """Which empty-microbatch guard the DP sync applies (dbo-reference 4.2, 12.1-12.2)."""
+
+    FIXED = "fixed"  # eager when min <= (G // k) * (k - 1): the reference behaviour
+    MERGED = "merged"  # eager when 2 * min < G: PR #51700 as merged, vllm 0.33.0
+    STRICT_K2 = "strict-k2"  # eager when 2 * min <= G: the `<=` fix with the literal 2
+
+
+class Twins(enum.Enum):
+    """Which microbatched twins the graph table captures (dbo-reference 12.5)."""
+
+    ALL = "all"  # every eligible twin, as vLLM does
+    REACHABLE = "reachable"  # only twins some legal batch can dispatch to
+
+
+def _parse_enum(enum_cls: type[enum.Enum], value: Any, field_name: str) -> enum.Enum:
+    if isinstance(value, enum_cls):
+        return value
+    try:
+        return enum_cls(value)
+    except ValueError:
+        allowed = ", ".join(str(m.value) for m in enum_cls)
+        raise ConfigError(field_name, f"unknown value {value!r} (one of {allowed})") from None
+
+
+def default_capture_sizes(max_num_reqs: int, max_num_batched_tokens: int,
+                          decode_query_len: int = 1) -> tuple[int, ...]:
+    """vLLM's default capture-size ladder (dbo-reference 1.4)."""
+    largest = min(max_num_reqs * decode_query_len * 2, 512, max_num_batched_tokens)
+    sizes = {s for s in (1, 2, 4) if s <= largest}
+    if largest >= 8:
+        sizes.update(range(8, min(largest + 1, 256), 8))
+    if largest >= 256:
+        sizes.update(range(256, largest + 1, 16))
+    if max_num_batched_tokens <= largest:
+        sizes.add(max_num_batched_tokens)
+    return tuple(sorted(sizes))
+
+
+@dataclass(frozen=True)
+class HarnessConfig:
+    dp_size: int = 2
+    # vLLM semantics: enable_dbo forces 2 microbatches, else ubatch_size > 1 gives that many.
+    enable_dbo: bool = True
+    ubatch_size: int = 0
+    decode_threshold: int = 32
+    prefill_threshold: int = 512
+    cudagraph_mode: CudaGraphMode = CudaGraphMode.FULL
+    # None: generated from max_num_reqs and max_num_batched_tokens (dbo-reference 1.4).
+    capture_sizes: tuple[int, ...] | None = None
+    max_num_reqs: int = 64
+    max_num_batched_tokens: int = 256
+    # Speculative decoding is unsupported with DBO, so a decode request is one token.
+    decode_query_len: int = 1
+    hidden_size: int = 16
+    experts_per_rank: int = 2  # experts are sharded evenly: dp_size * experts_per_rank in all
+    top_k: int = 2
+    seed: int = 0
+    guard: Guard = Guard.FIXED
+    twins: Twins = Twins.ALL
+    # Fault switch: this rank generates twins with the decode threshold moved by the offset.
+    threshold_offset_rank: int | None = None
+    threshold_offset: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cudagraph_mode", self._coerce_mode(self.cudagraph_mode))
+        object.__setattr__(self, "guard", _parse_enum(Guard, self.guard, "guard"))
+        object.__setattr__(self, "twins", _parse_enum(Twins, self.twins, "twins"))
+        if self.capture_sizes is not None:
+            object.__setattr__(self, "capture_sizes", tuple(self.capture_sizes))
+        self._validate()
+
+    @staticmethod
+    def _coerce_mode(mode: Any) -> CudaGraphMode:
+        return mode if isinstance(mode, CudaGraphMode) else CudaGraphMode.parse(str(mode))
+
+    # -- derived values ------------------------------------------------------------------
+
+    @property
+    def use_ubatching(self) -> bool:
+        return self.enable_dbo or self.ubatch_size > 1
+
+    @property
+    def num_ubatches(self) -> int:
+        """k: the number of microbatches a microbatched step is split into (1 = off)."""
+        if not self.use_ubatching:
+            return 1
+        return 2 if self.enable_dbo else self.ubatch_size
+
+    @cached_property
+    def cudagraph_capture_sizes(self) -> tuple[int, ...]:
+        if self.cudagraph_mode is CudaGraphMode.NONE:
+            return ()
+        if self.capture_sizes is not None:
+            return tuple(sorted(set(self.capture_sizes)))
+        return default_capture_sizes(self.max_num_reqs, self.max_num_batched_tokens,
+                                     self.decode_query_len)
+
+    @property
+    def max_capture_size(self) -> int:
+        sizes = self.cudagraph_capture_sizes
+        return sizes[-1] if sizes else 0
+
+    @property
+    def num_experts(self) -> int:
+        return self.experts_per_rank * self.dp_size
+
+    def decode_threshold_for_rank(self, rank: int) -> int:
+        if rank == self.threshold_offset_rank:
+            return self.decode_threshold + self.threshold_offset
+        return self.decode_threshold
+
+    # -- validation ----------------------------------------------------------------------
+
+    def _validate(self) -> None:
+        positive = ("dp_size", "max_num_reqs", "max_num_batched_tokens", "hidden_size",
+                    "experts_per_rank", "top_k")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(name, f"must be a positive integer, got {value!r}")
+        for name in ("ubatch_size", "decode_threshold", "prefill_threshold"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(name, f"must be a non-negative integer, got {value!r}")
+        if self.decode_query_len != 1:
+            raise ConfigError("decode_query_len",
+                              "must be 1: speculative decoding is unsupported with microbatching")
+        self._validate_capture_sizes()
+        if self.use_ubatching:
+            self._validate_microbatching()
+        if self.top_k > self.num_experts:
+            raise ConfigError("top_k", f"top_k={self.top_k} exceeds num_experts={self.num_experts}")
+        if self.threshold_offset_rank is not None and not (
+                0 <= self.threshold_offset_rank < self.dp_size):
+            raise ConfigError("threshold_offset_rank", f"rank {self.threshold_offset_rank} "
+                              f"is outside dp_size={self.dp_size}")
+
+    def _validate_capture_sizes(self) -> None:
+        if self.capture_sizes is None:
+            return
+        if self.cudagraph_mode is CudaGraphMode.NONE:
+            return
+        if not self.capture_sizes:
+            raise ConfigError("capture_sizes", "is empty while cudagraph_mode is "
+                              f"{self.cudagraph_mode.name}")
+        for size in self.capture_sizes:
+            if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+                raise ConfigError("capture_sizes", f"holds {size!r}; sizes must be positive")
+            if size > self.max_num_batched_tokens:
+                raise ConfigError("capture_sizes", f"holds {size}, above max_num_batched_tokens="
+                                  f"{self.max_num_batched_tokens}")
+
+    def _validate_microbatching(self) -> None:
+        k = self.num_ubatches
+        if k < 2:
+            raise ConfigError("num_ubatches", f"is {k}; microbatching needs at least 2")
+        if self.dp_size < 2:
+            raise ConfigError("dp_size",
+                              f"is {self.dp_size}; microbatching (DBO) needs dp_size >= 2")
+        if self.cudagraph_mode is CudaGraphMode.PIECEWISE:
+            raise ConfigError("cudagraph_mode", "PIECEWISE is unsupported with microbatching "
+                              "(DBO captures FULL graphs only)")
+        for name in ("decode_threshold", "prefill_threshold"):
+            if getattr(self, name) < k:
+                raise ConfigError(name, f"is {getattr(self, name)}, below the number of "
+                                  f"microbatches {k}")
+        if self.threshold_offset_rank is not None and self.decode_threshold_for_rank(
+                self.threshold_offset_rank) < 0:
+            raise ConfigError("threshold_offset", "moves the decode threshold below 0")
+
+    # -- construction from data ----------------------------------------------------------
+
+    def with_changes(self, **changes: Any) -> HarnessConfig:
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            if not f.init:
+                continue
+            value = getattr(self, f.name)
+            if isinstance(value, enum.Enum):
+                value = value.name if isinstance(value, CudaGraphMode) else value.value
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[f.name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> HarnessConfig:
+        return cls(**config_kwargs(data))
+
+
+def config_kwargs(data: dict[str, Any]) -> dict[str, Any]:
+    """Check the keys of a config mapping and translate the `num_ubatches` shorthand."""
+    if not isinstance(data, dict):
+        raise ConfigError("config", "must be a table/object of fields")
+    known = {f.name for f in fields(HarnessConfig) if f.init}
+    kwargs = dict(data)
+    if "num_ubatches" in kwargs:
+        kwargs.update(ubatching_fields(kwargs.pop("num_ubatches")))
+    for key in kwargs:
+        if key not in known:
+            raise ConfigError(key, "is not a config field")
+    return kwargs
+
+
+def ubatching_fields(num_ubatches: Any) -> dict[str, Any]:
+    """Map a microbatch count onto vLLM's flags: 2 is DBO, k > 2 is --ubatch-size k."""
+    if not isinstance(num_ubatches, int) or isinstance(num_ubatches, bool) or num_ubatches < 2:
+        raise ConfigError("num_ubatches", f"is {num_ubatches!r}; microbatching needs at least 2 "
+                          "(turn it off with enable_dbo=false)")
+    if num_ubatches == 2:
+        return {"enable_dbo": True, "ubatch_size": 0}
+    return {"enable_dbo": False, "ubatch_size": num_ubatches}
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a JSON or TOML file of config fields (by extension; JSON otherwise)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError("config", f"cannot read {path}: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError("config", f"{path} is not valid {path.suffix.lstrip('.') or 'JSON'}: "
+                          f"{exc}") from None
+    if isinstance(data, dict) and isinstance(data.get("config"), dict):
+        data = data["config"]
+    if not isinstance(data, dict):
+        raise ConfigError("config", f"{path} must hold a table/object of fields")
+    return data

@@ -1,0 +1,1 @@
+"""Generators: Hypothesis strategies (and, later, exhaustive enumeration) of scenarios."""

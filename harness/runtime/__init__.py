@@ -1,0 +1,1 @@
+"""What the ranks run on: communication groups (and, later, streams and graphs)."""

@@ -1,0 +1,1 @@
+"""The system under test: vLLM's microbatched CUDA-graph decision logic, in miniature."""

@@ -1,0 +1,117 @@
+"""The DP synchronisation of one step (dbo-reference section 4).
+
+Each rank writes its column of a small per-rank matrix, one SUM all-reduce on a CPU (gloo)
+group turns it into an all-gather, and every rank then derives the same decision from the
+gathered matrix with `decide_from_matrix`, a pure function. Other ranks' microbatching votes
+are deduced from their token counts, never communicated, so the deduction must be pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from harness.batch import RankBatch
+from harness.config import CudaGraphMode, HarnessConfig
+from harness.runtime.comm import all_reduce_sum
+from harness.sut.descriptor import GraphDescriptor
+from harness.sut.graph_table import GraphTable
+from harness.sut.thresholds import guard_sends_to_eager, ubatch_thresholds_met
+
+# Rows of the gathered matrix; column r is rank r's contribution.
+ROW_TOKENS, ROW_CG_MODE, ROW_UCT, ROW_MAX_QUERY_LEN, ROW_ALLOW_UBATCH, ROW_NUM_REQS = range(6)
+NUM_ROWS = 6
+
+
+@dataclass(frozen=True)
+class DpSyncState:
+    """What the ranks agreed on; every field is identical on every rank by construction."""
+
+    num_tokens_across_dp: tuple[int, ...]
+    uniform_token_count: int | None
+    eager: bool
+    num_reqs: int
+
+
+@dataclass(frozen=True)
+class SyncDecision:
+    desc: GraphDescriptor
+    state: DpSyncState | None  # None when every rank is idle
+
+
+def local_column(table: GraphTable, batch: RankBatch) -> tuple[int, ...]:
+    """This rank's column: tokens, graph-mode vote, uct, max query len, allow, requests."""
+    vote = table.dispatch(batch.num_reqs, batch.num_tokens, batch.uniform_token_count,
+                          batch.max_query_len).cg_mode
+    max_query_len = batch.max_query_len
+    return (batch.num_tokens, vote.value, batch.uniform_token_count or 0,
+            -1 if max_query_len is None else max_query_len, int(batch.allow_ubatching),
+            batch.num_reqs)
+
+
+def decide_from_matrix(config: HarnessConfig, table: GraphTable,
+                       rows: Sequence[Sequence[int]], batch: RankBatch) -> SyncDecision:
+    """The decision of one rank from the gathered matrix and its own batch."""
+    tokens, votes, ucts, max_query_lens, allows, reqs = (list(r) for r in rows)
+    local_uct = batch.uniform_token_count or 0
+    synced_uct = ucts[0] if ucts[0] != 0 and all(u == ucts[0] for u in ucts) else None
+    if all(t == 0 for t in tokens):
+        return SyncDecision(GraphDescriptor(CudaGraphMode.NONE, 0, 0), None)
+
+    if all(a == 1 for a in allows):
+        uniform_decode = (batch.uniform_token_count == config.decode_query_len
+                          and all(u == local_uct for u in ucts))
+        min_tokens = min(tokens)
+        if ubatch_thresholds_met(config, min_tokens, uniform_decode):
+            return _microbatched(config, table, tokens, reqs, batch, synced_uct)
+
+    synced_mode = CudaGraphMode(min(votes))
+    if synced_mode is CudaGraphMode.NONE:
+        desc = GraphDescriptor(CudaGraphMode.NONE, batch.num_tokens, batch.num_reqs)
+        state = DpSyncState(tuple(tokens), synced_uct, eager=True, num_reqs=max(reqs))
+        return SyncDecision(desc, state)
+    synced_max_query_len = None if -1 in max_query_lens else max(max_query_lens)
+    desc = table.dispatch(batch.num_reqs, max(tokens), synced_uct, synced_max_query_len)
+    num_reqs = desc.num_reqs if desc.cg_mode is CudaGraphMode.FULL else max(reqs)
+    state = DpSyncState((desc.num_tokens,) * len(tokens), synced_uct, eager=False,
+                        num_reqs=num_reqs)
+    return SyncDecision(desc, state)
+
+
+def _microbatched(config: HarnessConfig, table: GraphTable, tokens: list[int], reqs: list[int],
+                  batch: RankBatch, synced_uct: int | None) -> SyncDecision:
+    # Once the threshold holds on the minimum the step is always split k ways; the only
+    # choice left is a FULL twin graph or an eager microbatched run.
+    k = config.num_ubatches
+    largest, smallest = max(tokens), min(tokens)
+    desc: GraphDescriptor | None = None
+    if config.cudagraph_mode is not CudaGraphMode.NONE:
+        desc = table.dispatch(batch.num_reqs, largest, synced_uct, num_ubatches=k)
+        if guard_sends_to_eager(config.guard, smallest, desc.num_tokens, k):
+            desc = None
+    if desc is None:
+        desc = GraphDescriptor(CudaGraphMode.NONE, largest, batch.num_reqs, num_ubatches=k)
+    num_reqs = max(reqs)
+    if desc.cg_mode is CudaGraphMode.FULL:
+        assert desc.num_reqs is not None, "a FULL graph always pads requests"
+        num_reqs = desc.num_reqs
+    state = DpSyncState((desc.num_tokens,) * len(tokens), synced_uct,
+                        eager=desc.cg_mode is CudaGraphMode.NONE, num_reqs=num_reqs)
+    return SyncDecision(desc, state)
+
+
+def sync_dp(group, config: HarnessConfig, table: GraphTable, rank: int, batch: RankBatch,
+            timeout_s: float) -> SyncDecision:
+    """Run the DP sync for this rank over `group` (a gloo process group of dp_size ranks)."""
+    matrix = torch.zeros(NUM_ROWS, config.dp_size, dtype=torch.int32)
+    matrix[:, rank] = torch.tensor(local_column(table, batch), dtype=torch.int32)
+    all_reduce_sum(group, matrix, timeout_s)
+    return decide_from_matrix(config, table, matrix.tolist(), batch)
+
+
+def gathered_rows(tables: Sequence[GraphTable], batches: Sequence[RankBatch]) -> list[list[int]]:
+    """The matrix the all-reduce produces, computed directly from every rank's inputs."""
+    columns = [local_column(t, b) for t, b in zip(tables, batches, strict=True)]
+    return [list(row) for row in zip(*columns, strict=True)]

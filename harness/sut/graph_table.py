@@ -1,0 +1,148 @@
+"""Capture candidates, microbatch twins, capture order and dispatch (dbo-reference 2.4-2.6).
+
+A `GraphTable` is what vLLM's CudaGraphManager decides before capturing anything: which
+descriptors get a graph, in which order they are captured, and which one serves a batch.
+It is a pure function of the config (and, for the asymmetry fault, of the rank).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import cached_property
+
+from harness.config import CudaGraphMode, HarnessConfig, Twins
+from harness.sut.descriptor import GraphDescriptor, is_compatible
+from harness.sut.thresholds import guard_sends_to_eager, ubatch_thresholds_met
+
+
+def ubatch_twin(config: HarnessConfig, desc: GraphDescriptor,
+                decode_threshold: int | None = None) -> GraphDescriptor | None:
+    """The microbatched twin of a FULL descriptor, when one is eligible (dbo-reference 2.4)."""
+    if not config.use_ubatching or desc.cg_mode is not CudaGraphMode.FULL:
+        return None
+    if desc.num_reqs is None:
+        return None
+    # Uniform query lengths are what keep the captured request split valid at replay.
+    uct, remainder = divmod(desc.num_tokens, desc.num_reqs)
+    if remainder or desc.uniform_token_count not in (None, uct):
+        return None
+    k = config.num_ubatches
+    if desc.num_tokens < k:
+        return None
+    # The DP sync's own threshold, so every rank derives the same twins from the config.
+    if not ubatch_thresholds_met(config, desc.num_tokens, uniform_decode=True,
+                                 decode_threshold=decode_threshold):
+        return None
+    return replace(desc, num_ubatches=k, uniform_token_count=uct)
+
+
+def _capture_candidates(config: HarnessConfig, rank: int) -> list[GraphDescriptor]:
+    """Descriptors in vLLM's generation order: per size, decode branch then mixed branch."""
+    mode = config.cudagraph_mode
+    if mode is CudaGraphMode.NONE:
+        return []
+    decode_mode, mixed_mode = mode.decode_mode(), mode.mixed_mode()
+    q = config.decode_query_len
+    max_decode_tokens = config.max_num_reqs * q
+    threshold = config.decode_threshold_for_rank(rank)
+    out: list[GraphDescriptor] = []
+
+    def add(desc: GraphDescriptor | None, dedupe: bool) -> None:
+        if desc is not None and not (dedupe and desc in out):
+            out.append(desc)
+
+    for size in config.cudagraph_capture_sizes:
+        if mode.separate_routine() and decode_mode is not CudaGraphMode.NONE:
+            tokens = -(-size // q) * q
+            reqs = tokens // q
+            if (tokens <= max_decode_tokens and tokens <= config.max_capture_size
+                    and reqs <= config.max_num_reqs):
+                desc = GraphDescriptor(decode_mode, tokens, reqs, uniform_token_count=q)
+                add(desc, dedupe=True)
+                add(ubatch_twin(config, desc, threshold), dedupe=True)
+        if mixed_mode is not CudaGraphMode.NONE:
+            reqs = min(size, config.max_num_reqs) if mixed_mode is CudaGraphMode.FULL else None
+            desc = GraphDescriptor(mixed_mode, size, reqs)
+            add(desc, dedupe=False)
+            add(ubatch_twin(config, desc, threshold), dedupe=False)
+    return out
+
+
+def _specificity(desc: GraphDescriptor) -> tuple:
+    # Within one size, more specific descriptors are tried first (dbo-reference 2.5 step 6).
+    return (desc.uniform_token_count is None, desc.max_query_len is None,
+            desc.num_reqs is None, desc.num_reqs or 0)
+
+
+@dataclass(frozen=True)
+class GraphTable:
+    config: HarnessConfig
+    rank: int
+    # Generation order; capture_order() and the dispatch order are derived from it.
+    descriptors: tuple[GraphDescriptor, ...]
+
+    @classmethod
+    def build(cls, config: HarnessConfig, rank: int = 0) -> GraphTable:
+        table = cls(config, rank, tuple(_capture_candidates(config, rank)))
+        if config.twins is Twins.REACHABLE:
+            unreachable = set(table.unreachable_twins())
+            table = cls(config, rank, tuple(d for d in table.descriptors if d not in unreachable))
+        return table
+
+    @property
+    def twins(self) -> tuple[GraphDescriptor, ...]:
+        return tuple(d for d in self.descriptors if d.microbatched)
+
+    def capture_order(self) -> tuple[GraphDescriptor, ...]:
+        """PIECEWISE then FULL; within a mode by size descending, twins after their base."""
+        ordered: list[GraphDescriptor] = []
+        for mode in (CudaGraphMode.PIECEWISE, CudaGraphMode.FULL):
+            of_mode = [d for d in self.descriptors if d.cg_mode is mode]
+            ordered.extend(sorted(of_mode, key=lambda d: -d.num_tokens))
+        return tuple(ordered)
+
+    @cached_property
+    def _dispatch_order(self) -> tuple[GraphDescriptor, ...]:
+        ordered: list[GraphDescriptor] = []
+        for mode in (CudaGraphMode.FULL, CudaGraphMode.PIECEWISE):
+            of_mode = [d for d in self.descriptors if d.cg_mode is mode]
+            ordered.extend(sorted(of_mode, key=lambda d: (d.num_tokens, _specificity(d))))
+        return tuple(ordered)
+
+    def dispatch(self, num_reqs: int, num_tokens: int, uniform_token_count: int | None,
+                 max_query_len: int | None = None, num_ubatches: int = 1) -> GraphDescriptor:
+        """The first compatible graph: smallest FULL size, then PIECEWISE; else eager."""
+        if num_tokens > 0:
+            for desc in self._dispatch_order:
+                if desc.num_tokens >= num_tokens and is_compatible(
+                        desc, num_reqs=num_reqs, num_tokens=num_tokens,
+                        uniform_token_count=uniform_token_count, max_query_len=max_query_len,
+                        num_ubatches=num_ubatches):
+                    return desc
+        return GraphDescriptor(CudaGraphMode.NONE, num_tokens, num_reqs,
+                               num_ubatches=num_ubatches)
+
+    def reaching_batch_size(self, twin: GraphDescriptor) -> int | None:
+        """A legal uniform-decode step size that the DP sync would run on `twin`, if any.
+
+        All ranks at one count n is the easiest case for the guard (it looks at the minimum,
+        dispatch at the maximum), and the largest n <= the twin's size is the easiest n.
+        """
+        q = self.config.decode_query_len
+        k = self.config.num_ubatches
+        if twin.uniform_token_count != q:
+            return None  # replay needs this exact query length: only spec decode makes uct > 1
+        largest = min(twin.num_tokens, self.config.max_num_reqs * q,
+                      self.config.max_num_batched_tokens)
+        n = largest - largest % q
+        if n < max(self.config.decode_threshold, 1):
+            return None
+        if self.dispatch(n // q, n, q, num_ubatches=k) != twin:
+            return None
+        if guard_sends_to_eager(self.config.guard, n, twin.num_tokens, k):
+            return None
+        return n
+
+    def unreachable_twins(self) -> tuple[GraphDescriptor, ...]:
+        """Twins captured for nothing: no legal batch ever dispatches to them (bug 12.5)."""
+        return tuple(t for t in self.twins if self.reaching_batch_size(t) is None)

@@ -1,0 +1,1 @@
+"""Worlds: where the ranks live (threads of one process now; torchrun processes later)."""
