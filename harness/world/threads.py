@@ -16,6 +16,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from harness.runtime.process_group import as_process_group
+
 _world_ids = itertools.count()
 
 
@@ -42,7 +44,8 @@ def _new_gloo_group(store, rank: int, size: int, timeout_s: float):
     options._timeout = timedelta(seconds=timeout_s)
     # Every rank is on this host: bind to loopback, never to whatever the hostname resolves to.
     options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
-    return dist.ProcessGroupGloo(store, rank, size, options)
+    # Wrapped so collectives go through the dispatcher, where a graph capture can see them.
+    return as_process_group(dist.ProcessGroupGloo(store, rank, size, options))
 
 
 def run_in_threads(size: int, fn: Callable[[int], Any], deadline_s: float,
