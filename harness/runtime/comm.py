@@ -2,21 +2,39 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 
 import torch
+import torch.distributed as dist
 
 
 class CollectiveTimeout(RuntimeError):
     """A collective did not complete within its bound (a peer skipped it, died or is stuck)."""
 
 
-def all_reduce_sum(group, tensor: torch.Tensor, timeout_s: float) -> torch.Tensor:
-    """SUM all-reduce in place over `group`; the same call in every world."""
-    work = group.allreduce([tensor])
+def wait_bounded(work, what: str, timeout_s: float) -> None:
+    """Wait for a collective's Work, turning a timeout or a broken peer into CollectiveTimeout."""
     try:
         work.wait(timedelta(seconds=timeout_s))
     except RuntimeError as exc:
-        raise CollectiveTimeout(f"all_reduce of {tuple(tensor.shape)} did not complete: "
-                                f"{str(exc).splitlines()[0]}") from exc
+        raise CollectiveTimeout(f"{what} did not complete: {str(exc).splitlines()[0]}") from exc
+
+
+def all_reduce_sum(group, tensor: torch.Tensor, timeout_s: float) -> torch.Tensor:
+    """SUM all-reduce in place over `group`; the same call in every world."""
+    wait_bounded(group.allreduce([tensor]), f"all_reduce of {tuple(tensor.shape)}", timeout_s)
     return tensor
+
+
+class EagerAllToAll:
+    """`all_to_all_single` with equal splits, issued async; its wait is bounded."""
+
+    def __init__(self, group: dist.ProcessGroup, timeout_s: float) -> None:
+        self.group = group
+        self.timeout_s = timeout_s
+
+    def __call__(self, out: torch.Tensor, inp: torch.Tensor) -> Callable[[], None]:
+        work = dist.all_to_all_single(out, inp, group=self.group, async_op=True)
+        what = f"all_to_all of {tuple(inp.shape)}"
+        return lambda: wait_bounded(work, what, self.timeout_s)

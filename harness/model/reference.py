@@ -1,0 +1,93 @@
+"""Single-process reference for the miniature MoE step: the whole global batch of all ranks,
+token by token, no microbatches, no process group, experts called directly.
+
+It knows nothing about slices or padding, so a distributed run that attributes a token to the
+wrong microbatch or request (12.1/12.2), loses or repeats a receive (12.3/12.4), or lets a
+padding row leak differs from it on a real row, a state row or a route.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from harness.config import HarnessConfig
+from harness.model.moe import DTYPE, MoEWeights, RequestSpec, expert_mlp
+
+Route = tuple[int, int, int]  # (source rank, token index in that rank's step, expert)
+
+
+@dataclass(frozen=True)
+class ReferenceStep:
+    outputs: list[torch.Tensor]  # per rank: [real tokens, H]
+    states: list[torch.Tensor]  # per rank: the whole state cache after the step
+    routes: list[Counter[Route]]  # per destination rank: the routes it must receive
+
+
+def reference_step(config: HarnessConfig, weights: MoEWeights,
+                   batches: Sequence[Sequence[RequestSpec]],
+                   initial_states: Sequence[torch.Tensor]) -> ReferenceStep:
+    """Compute every rank's real output rows and final state from scratch."""
+    if len(batches) != len(initial_states):
+        raise ValueError("one initial state per rank is needed")
+    w = weights
+    outputs, states = [], []
+    routes: list[Counter[Route]] = [Counter() for _ in range(config.dp_size)]
+    for rank, requests in enumerate(batches):
+        state = initial_states[rank].clone()
+        rows = []
+        token_index = 0
+        for req in requests:
+            cached = state[req.slot].clone()
+            seen = torch.zeros(config.hidden_size, dtype=DTYPE)
+            for pos, tid in zip(req.positions(), req.token_ids, strict=True):
+                emb = w.embedding[tid]
+                context = cached + seen
+                hidden = (emb + torch.sin(pos * w.pos_freq)
+                          + torch.tanh((context @ w.state_proj) / (pos + 1)))
+                rows.append(hidden + _moe(config, w, hidden, rank, token_index, routes))
+                seen = seen + emb
+                token_index += 1
+            state[req.slot] = cached + seen
+        outputs.append(torch.stack(rows) if rows else torch.zeros(0, config.hidden_size,
+                                                                     dtype=DTYPE))
+        states.append(state)
+    return ReferenceStep(outputs, states, routes)
+
+
+def _moe(config: HarnessConfig, w: MoEWeights, hidden: torch.Tensor, rank: int,
+         token_index: int, routes: list[Counter[Route]]) -> torch.Tensor:
+    logits = hidden @ w.router
+    values, ids = logits.topk(config.top_k)
+    gates = torch.softmax(values, dim=0)
+    out = torch.zeros_like(hidden)
+    for gate, expert in zip(gates, ids.tolist(), strict=True):
+        routes[expert // config.experts_per_rank][(rank, token_index, expert)] += 1
+        out = out + gate * expert_mlp(hidden, w.w1[expert], w.w2[expert])
+    return out
+
+
+def diff_against_reference(ref: ReferenceStep, outputs: Sequence[torch.Tensor],
+                           states: Sequence[torch.Tensor], atol: float = 1e-9) -> list[str]:
+    """Every real row and real state row that differs (per rank); an empty list is a match.
+
+    `outputs[r]` holds rank r's output rows (at least its real ones; padding rows past them
+    are ignored); `states[r]` its state cache, of which only the real slots are compared."""
+    problems = []
+    for rank, (want, got) in enumerate(zip(ref.outputs, outputs, strict=True)):
+        n = want.shape[0]
+        if got.shape[0] < n:
+            problems.append(f"rank {rank}: {got.shape[0]} output rows, {n} real tokens")
+            continue
+        bad = ~torch.isclose(got[:n], want, atol=atol, rtol=0).all(dim=1)
+        problems += [f"rank {rank}: output row {i} differs" for i in bad.nonzero().flatten()
+                     .tolist()]
+    for rank, (want, got) in enumerate(zip(ref.states, states, strict=True)):
+        real = want.shape[0] - 1  # the last row is the scratch slot
+        bad = ~torch.isclose(got[:real], want[:real], atol=atol, rtol=0).all(dim=1)
+        problems += [f"rank {rank}: state slot {s} differs" for s in bad.nonzero().flatten()
+                     .tolist()]
+    return problems
