@@ -18,7 +18,7 @@ import torch
 from torch.overrides import TorchFunctionMode, _get_current_function_mode
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
-from harness.runtime.graph_lifecycle import CaptureError, GraphState, Lifecycle
+from harness.runtime.graph_lifecycle import CaptureError, GraphState, LifecycleGraph
 from harness.runtime.op_record import CollectiveCall, RecordedOp, record_op, snapshot_args
 from harness.runtime.streams import CpuStreams, LogicalStream
 
@@ -187,21 +187,13 @@ class _CaptureSession:
             self.streams.detach_capture(stream)
 
 
-class EmulatedGraph:
+class EmulatedGraph(LifecycleGraph):
     """A recorded op sequence; `replay()` issues it again on the storage fixed at capture."""
 
     def __init__(self, collective_timeout_s: float | None = None) -> None:
-        self._lifecycle = Lifecycle()
+        super().__init__()
         self._ops: list[RecordedOp] = []
         self.collective_timeout_s = collective_timeout_s
-
-    @property
-    def state(self) -> GraphState:
-        return self._lifecycle.state
-
-    @property
-    def failure(self) -> str | None:
-        return self._lifecycle.failure
 
     @property
     def ops(self) -> tuple[RecordedOp, ...]:

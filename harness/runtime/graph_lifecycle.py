@@ -51,3 +51,18 @@ class Lifecycle:
             why = f": {self.failure}" if self.failure else ""
             raise ReplayError(f"cannot replay a graph whose capture failed{why}")
         raise ReplayError(f"cannot replay a graph that is {self.state.value}, not captured")
+
+
+class LifecycleGraph:
+    """What every graph backend's graph exposes about its capture: the state and why it failed."""
+
+    def __init__(self) -> None:
+        self._lifecycle = Lifecycle()
+
+    @property
+    def state(self) -> GraphState:
+        return self._lifecycle.state
+
+    @property
+    def failure(self) -> str | None:
+        return self._lifecycle.failure

@@ -17,7 +17,12 @@ from typing import Any, Protocol
 import torch
 
 from harness.runtime.emulated_graph import EmulatedGraph, EmulatedGraphs
-from harness.runtime.graph_lifecycle import CaptureError, GraphState, Lifecycle, ReplayError
+from harness.runtime.graph_lifecycle import (
+    CaptureError,
+    GraphState,
+    LifecycleGraph,
+    ReplayError,
+)
 from harness.runtime.streams import CpuStreams, CudaStream, CudaStreams, Streams
 
 __all__ = [
@@ -50,21 +55,13 @@ class GraphBackend(Protocol):
                 pool: Any = None) -> AbstractContextManager[Graph]: ...
 
 
-class CudaGraph:
+class CudaGraph(LifecycleGraph):
     """torch.cuda.CUDAGraph with the life cycle of the emulated one."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.raw = torch.cuda.CUDAGraph()
-        self._lifecycle = Lifecycle()
         self._empty: bool | None = None
-
-    @property
-    def state(self) -> GraphState:
-        return self._lifecycle.state
-
-    @property
-    def failure(self) -> str | None:
-        return self._lifecycle.failure
 
     @property
     def num_ops(self) -> int | None:
