@@ -95,6 +95,7 @@ class CudaGraphs:
                 pool: Any = None) -> Iterator[CudaGraph]:
         graph._lifecycle.begin()
         failure: BaseException | None = None
+        previous = torch.cuda.current_stream()
         # torch reports an empty capture only as a warning; catch it to answer `is_empty`.
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -103,6 +104,9 @@ class CudaGraphs:
                     yield graph
             except BaseException as exc:
                 failure = exc
+            finally:
+                # A capture that fails at its end leaves the capture stream current in torch.
+                torch.cuda.set_stream(previous)
         for w in caught:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         if failure is not None:
