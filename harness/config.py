@@ -55,6 +55,27 @@ class Guard(enum.Enum):
     STRICT_K2 = "strict-k2"  # eager when 2 * min <= G: the `<=` fix with the literal 2
 
 
+class Protocol(enum.Enum):
+    """Which microbatch thread protocol runs eager microbatched steps (dbo-reference 5)."""
+
+    ABORTABLE = "abortable"  # a failing microbatch unwinds its siblings: the reference
+    STOCK = "stock"  # vLLM as merged: sibling-failure hang (12.4), recv_hook on None (12.3)
+
+
+class All2AllBackend(enum.Enum):
+    """How the MoE layer overlaps its all-to-alls (dbo-reference 7)."""
+
+    LOW_LATENCY = "deepep_low_latency"  # async send, receive as a hook run by the next ubatch
+    HIGH_THROUGHPUT = "deepep_high_throughput"  # yield first, then a blocking all-to-all
+
+
+class CaptureOn(enum.Enum):
+    """Which stream a microbatched graph is captured on (dbo-reference 2.8)."""
+
+    RUNNER = "runner"  # the runner's capture stream, where the microbatch threads launch
+    SIDE = "side"  # the draft's bug: a fresh side stream, so the threads' work is not captured
+
+
 class Twins(enum.Enum):
     """Which microbatched twins the graph table captures (dbo-reference 12.5)."""
 
@@ -110,11 +131,19 @@ class HarnessConfig:
     # Fault switch: this rank generates twins with the decode threshold moved by the offset.
     threshold_offset_rank: int | None = None
     threshold_offset: int = 0
+    protocol: Protocol = Protocol.ABORTABLE
+    all2all_backend: All2AllBackend = All2AllBackend.LOW_LATENCY
+    capture_on: CaptureOn = CaptureOn.RUNNER
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cudagraph_mode", self._coerce_mode(self.cudagraph_mode))
         object.__setattr__(self, "guard", _parse_enum(Guard, self.guard, "guard"))
         object.__setattr__(self, "twins", _parse_enum(Twins, self.twins, "twins"))
+        object.__setattr__(self, "protocol", _parse_enum(Protocol, self.protocol, "protocol"))
+        object.__setattr__(self, "all2all_backend", _parse_enum(
+            All2AllBackend, self.all2all_backend, "all2all_backend"))
+        object.__setattr__(self, "capture_on",
+                           _parse_enum(CaptureOn, self.capture_on, "capture_on"))
         if self.capture_sizes is not None:
             object.__setattr__(self, "capture_sizes", tuple(self.capture_sizes))
         self._validate()
@@ -180,6 +209,10 @@ class HarnessConfig:
             self._validate_microbatching()
         if self.top_k > self.num_experts:
             raise ConfigError("top_k", f"top_k={self.top_k} exceeds num_experts={self.num_experts}")
+        if (self.all2all_backend is All2AllBackend.HIGH_THROUGHPUT and self.dp_size > 1
+                and self.cudagraph_mode is not CudaGraphMode.NONE):
+            raise ConfigError("all2all_backend", "deepep_high_throughput with dp_size > 1 "
+                              "forces cudagraph_mode NONE (its all-to-all cannot be captured)")
         if self.threshold_offset_rank is not None and not (
                 0 <= self.threshold_offset_rank < self.dp_size):
             raise ConfigError("threshold_offset_rank", f"rank {self.threshold_offset_rank} "

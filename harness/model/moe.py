@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.config import HarnessConfig
+from harness.config import All2AllBackend, HarnessConfig
 from harness.model.overlap import MicrobatchOverlap, NoOverlap
 from harness.sut.slicing import UbatchSlice
 
@@ -108,6 +108,15 @@ class StateCache:
     @property
     def scratch_slot(self) -> int:
         return self.num_slots
+
+
+def initial_state(config: HarnessConfig, rank: int) -> torch.Tensor:
+    """The state cache a rank starts from: seeded, non-zero (so a lost update shows), with a
+    zero scratch row; the reference starts from the same."""
+    gen = torch.Generator().manual_seed(config.seed * 1009 + rank + 1)
+    state = torch.randn(config.max_num_reqs + 1, config.hidden_size, generator=gen, dtype=DTYPE)
+    state[config.max_num_reqs] = 0.0
+    return state
 
 
 class StepBuffers:
@@ -264,6 +273,10 @@ class MiniMoE:
         self.peers = config.dp_size
         self.experts_per_rank = config.experts_per_rank
         self.width = self.hidden_size + NUM_PROVENANCE_COLS
+        # DeepEP low-latency style: a fixed max tokens per rank, so every rank sends the same
+        # sizes whatever its own batch (an idle or unpadded rank included).
+        self.capacity = config.max_num_batched_tokens * config.top_k
+        self.blocking_all_to_all = config.all2all_backend is All2AllBackend.HIGH_THROUGHPUT
         self._buffers: dict[tuple[int, int], CommBuffers] = {}
         self._lock = threading.Lock()
 
@@ -275,8 +288,7 @@ class MiniMoE:
         key = (ubatch_id, num_tokens)
         with self._lock:
             if key not in self._buffers:
-                self._buffers[key] = CommBuffers.allocate(
-                    self.peers, num_tokens * self.top_k, self.width)
+                self._buffers[key] = CommBuffers.allocate(self.peers, self.capacity, self.width)
             return self._buffers[key]
 
     def reserved_buffers(self) -> dict[tuple[int, int], CommBuffers]:
@@ -363,12 +375,22 @@ class MiniMoE:
         send.index_copy_(0, flat, payload)
         blocks = send[:bufs.rows].view(bufs.peers, bufs.capacity + 1, self.width)
         blocks[:, 0, 0].copy_(onehot.sum(0).to(DTYPE))
-        wait = self.all_to_all(bufs.dispatch_recv, send[:bufs.rows])
-        overlap.register_recv_hook(wait)
-        overlap.yield_()
+        self._exchange(bufs.dispatch_recv, send[:bufs.rows], overlap)
         # Receiver: the delivered rows as expert inputs (read after the hook has run).
         recv = bufs.dispatch_recv.view(bufs.peers, bufs.capacity + 1, self.width)
         return DispatchHandle(flat, bufs), recv[:, 1:, :h]
+
+    def _exchange(self, out: torch.Tensor, inp: torch.Tensor,
+                  overlap: MicrobatchOverlap) -> None:
+        """One all-to-all, overlapped the way the configured backend does it."""
+        if self.blocking_all_to_all:
+            # High throughput: let the sibling queue its compute, then a blocking exchange.
+            overlap.yield_()
+            self.all_to_all(out, inp)()
+            return
+        # Low latency: send now; the next microbatch runs the receive before it reads.
+        overlap.register_recv_hook(self.all_to_all(out, inp))
+        overlap.yield_()
 
     def _experts(self, expert_in: torch.Tensor, bufs: CommBuffers) -> torch.Tensor:
         """Local experts over the batched [P, C, H] receive; rows past a block's count or
@@ -393,9 +415,7 @@ class MiniMoE:
         send.copy_(bufs.dispatch_recv)  # counts and provenance travel back unchanged
         send.view(bufs.peers, bufs.capacity + 1, self.width)[:, 1:, :self.hidden_size].copy_(
             expert_out)
-        wait = self.all_to_all(bufs.combine_recv[:bufs.rows], send)
-        overlap.register_recv_hook(wait)
-        overlap.yield_()
+        self._exchange(bufs.combine_recv[:bufs.rows], send, overlap)
         # Receiver: gather each pair's returned row (the dump row is zero) and weight it.
         returned = bufs.combine_recv[handle.flat_index, :self.hidden_size]
         returned = returned.view(topk_weights.shape[0], self.top_k, self.hidden_size)

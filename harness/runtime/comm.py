@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -38,3 +39,39 @@ class EagerAllToAll:
         work = dist.all_to_all_single(out, inp, group=self.group, async_op=True)
         what = f"all_to_all of {tuple(inp.shape)}"
         return lambda: wait_bounded(work, what, self.timeout_s)
+
+
+class CollectiveLog:
+    """The collectives one rank issues, in issue order: (op, shape) per call.
+
+    Ranks must issue the same sequence; comparing logs across ranks is the fingerprint check.
+    """
+
+    def __init__(self) -> None:
+        self._calls: list[tuple[str, tuple[int, ...]]] = []
+        self._lock = threading.Lock()
+
+    def add(self, op: str, shape: tuple[int, ...]) -> None:
+        with self._lock:
+            self._calls.append((op, shape))
+
+    def mark(self) -> int:
+        with self._lock:
+            return len(self._calls)
+
+    def since(self, mark: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        with self._lock:
+            return tuple(self._calls[mark:])
+
+
+class LoggedAllToAll:
+    """An all-to-all that notes every call it issues in a CollectiveLog."""
+
+    def __init__(self, inner: Callable[[torch.Tensor, torch.Tensor], Callable[[], None]],
+                 log: CollectiveLog) -> None:
+        self.inner = inner
+        self.log = log
+
+    def __call__(self, out: torch.Tensor, inp: torch.Tensor) -> Callable[[], None]:
+        self.log.add("all_to_all", tuple(inp.shape))
+        return self.inner(out, inp)

@@ -332,9 +332,16 @@ class UBatchContext:
 
 
 def _thread_main(run: _RunState, ctx: UBatchContext, body: Callable[[UBatchContext], Any],
-                 barrier_timeout_s: float) -> None:
+                 barrier_timeout_s: float, setup: Callable[[], None] | None) -> None:
     _TLS.ctx = ctx
     try:
+        try:
+            if setup is not None:
+                setup()  # per-thread set-up (device, library workspaces) before the barrier
+        except BaseException as exc:  # noqa: BLE001 - reported by finish() like a body failure
+            run.failures[ctx.id] = exc
+            run.barrier.abort()
+            return
         try:
             run.barrier.wait(barrier_timeout_s)
         except threading.BrokenBarrierError as exc:
@@ -424,8 +431,12 @@ class UBatchRunner(Generic[T]):
         return [t for t in run.threads if t.is_alive()] if run is not None else []
 
     def begin_run(self, bodies: Sequence[Callable[[UBatchContext], T]], streams: Any,
-                  compute_stream: Any, comm_stream: Any) -> Callable[[], list[T]]:
-        """Start one thread per body, park them at the ready barrier, return `finish`."""
+                  compute_stream: Any, comm_stream: Any,
+                  setup: Callable[[], None] | None = None) -> Callable[[], list[T]]:
+        """Start one thread per body, park them at the ready barrier, return `finish`.
+
+        `setup` runs first in every thread, before the barrier (outside any graph capture).
+        """
         if self._pending is not None:
             raise RuntimeError("a microbatched run is still pending: finish or abort it first")
         k = len(bodies)
@@ -440,7 +451,7 @@ class UBatchRunner(Generic[T]):
         run.slots = list(run.contexts)
         for ctx, body in zip(run.contexts, bodies, strict=True):
             thread = threading.Thread(target=_thread_main, name=f"ubatch-{ctx.id}", daemon=True,
-                                      args=(run, ctx, body, self.barrier_timeout_s))
+                                      args=(run, ctx, body, self.barrier_timeout_s, setup))
             ctx.thread = thread
             run.threads.append(thread)
         self._last = run

@@ -51,6 +51,25 @@ def _new_gloo_group(store, rank: int, size: int, timeout_s: float):
 def run_in_threads(size: int, fn: Callable[[int], Any], deadline_s: float,
                    name: str = "rank") -> list[Any]:
     """Run fn(rank) for every rank in its own thread; bounded by `deadline_s` in all."""
+    results, stuck, errors = _run_bounded(size, fn, deadline_s, name)
+    if stuck:
+        raise RankHang(stuck, deadline_s)
+    if errors:
+        raise RankFailure(errors)
+    return results
+
+
+def run_bounded(size: int, fn: Callable[[int], Any], deadline_s: float,
+                name: str = "rank") -> tuple[list[Any], list[int]]:
+    """Like run_in_threads for code that never raises: results (None for a rank still running
+    at the deadline) and the ranks still running."""
+    results, stuck, errors = _run_bounded(size, fn, deadline_s, name)
+    if errors:
+        raise RankFailure(errors)
+    return results, stuck
+
+
+def _run_bounded(size: int, fn: Callable[[int], Any], deadline_s: float, name: str):
     results: list[Any] = [None] * size
     errors: dict[int, BaseException] = {}
 
@@ -68,11 +87,7 @@ def run_in_threads(size: int, fn: Callable[[int], Any], deadline_s: float,
     for t in threads:
         t.join(max(0.0, end - time.monotonic()))
     stuck = [r for r, t in enumerate(threads) if t.is_alive()]
-    if stuck:
-        raise RankHang(stuck, deadline_s)
-    if errors:
-        raise RankFailure(errors)
-    return results
+    return results, stuck, {r: e for r, e in errors.items() if r not in stuck}
 
 
 class ThreadWorld:
@@ -101,7 +116,17 @@ class ThreadWorld:
 
     def run(self, fn: Callable[[int, Any], Any], deadline_s: float | None = None) -> list[Any]:
         """fn(rank, group) on every rank at once; returns results in rank order."""
+        return run_in_threads(self.size, self._bind(fn), self._deadline(deadline_s))
+
+    def run_bounded(self, fn: Callable[[int, Any], Any],
+                    deadline_s: float | None = None) -> tuple[list[Any], list[int]]:
+        """fn(rank, group) on every rank; also returns the ranks still running at the deadline."""
+        return run_bounded(self.size, self._bind(fn), self._deadline(deadline_s))
+
+    def _bind(self, fn: Callable[[int, Any], Any]) -> Callable[[int], Any]:
         if not self.groups:
             raise RuntimeError("ThreadWorld.run outside its `with` block")
-        deadline = deadline_s if deadline_s is not None else 2 * self.timeout_s + 5.0
-        return run_in_threads(self.size, lambda r: fn(r, self.groups[r]), deadline)
+        return lambda rank: fn(rank, self.groups[rank])
+
+    def _deadline(self, deadline_s: float | None) -> float:
+        return deadline_s if deadline_s is not None else 2 * self.timeout_s + 5.0

@@ -1,0 +1,238 @@
+"""Checkers: pure functions over every rank's records (and the reference) to verdicts.
+
+Each names the invariant it guards (dbo-reference 11), and on failure the rank(s) and the
+first offending value, so a report says which input broke what where.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from harness.check.agreement import first_disagreement
+from harness.check.records import Rows, StartupRecord, StepRecord
+
+TOLERANCE = 1e-9
+HANG_ERRORS = ("MicrobatchHang", "RankHang")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    checker: str
+    ok: bool
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, object]:
+        return {"checker": self.checker, "ok": self.ok, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class ReferenceRows:
+    """The single-process reference for one step: per rank, real rows and the state cache."""
+
+    outputs: tuple[Rows, ...]
+    states: tuple[Rows, ...]
+
+
+def _ok(name: str, detail: str = "") -> Verdict:
+    return Verdict(name, True, detail)
+
+
+def _fail(name: str, detail: str) -> Verdict:
+    return Verdict(name, False, detail)
+
+
+# -- per step ---------------------------------------------------------------------------------
+
+def check_liveness(records: Sequence[StepRecord | None], deadline_s: float) -> Verdict:
+    """Every rank finished the step within its deadline, and none reported a hang."""
+    name = "liveness"
+    stuck = [r for r, rec in enumerate(records) if rec is None]
+    if stuck:
+        return _fail(name, f"ranks {stuck} still running after the {deadline_s:.1f} s deadline")
+    for rec in records:
+        if rec.error is not None and rec.error.kind in HANG_ERRORS:
+            return _fail(name, f"rank {rec.rank} hung: {rec.error.describe()}")
+        if rec.seconds > deadline_s:
+            return _fail(name, f"rank {rec.rank} took {rec.seconds:.2f} s, over the "
+                         f"{deadline_s:.1f} s deadline")
+    return _ok(name)
+
+
+def check_errors(records: Sequence[StepRecord | None]) -> Verdict:
+    """No rank failed, except where a fault was injected: there the faulty microbatch must be
+    named (RuntimeError "Microbatch i of k failed" caused by the injected fault), and the
+    peers may only time out in the collective it never joined."""
+    name = "errors"
+    present = [r for r in records if r is not None]
+    faulted = any(r.injected_fault for r in present)
+    for rec in present:
+        err = rec.error
+        if err is None:
+            continue
+        if not faulted:
+            return _fail(name, f"rank {rec.rank}: {err.describe()}")
+        if rec.injected_fault:
+            named = err.kind == "RuntimeError" and err.message.startswith("Microbatch ")
+            if not (named and err.cause and err.cause.startswith("InjectedFault")):
+                return _fail(name, f"rank {rec.rank}: the injected fault surfaced as "
+                             f"{err.describe()}")
+        elif not _timed_out(err):
+            return _fail(name, f"rank {rec.rank} (a peer of the faulty rank): {err.describe()}")
+    return _ok(name)
+
+
+def _timed_out(err) -> bool:
+    return err.kind == "CollectiveTimeout" or (err.cause or "").startswith("CollectiveTimeout")
+
+
+def check_agreement(records: Sequence[StepRecord]) -> Verdict:
+    """Every rank took the same decision (branch, graph, padding, split sizes, sync state)."""
+    plans = [r.plan for r in records]
+    if any(p is None for p in plans):
+        return _ok("agreement", "skipped: a rank failed before the DP sync returned")
+    disagreement = first_disagreement(plans)
+    if disagreement is None:
+        return _ok("agreement")
+    return _fail("agreement", disagreement.describe())
+
+
+def check_fingerprints(records: Sequence[StepRecord]) -> Verdict:
+    """Every rank issued the same collectives, in the same order, with the same sizes."""
+    name = "collective_fingerprints"
+    if any(r.injected_fault for r in records):
+        return _ok(name, "skipped: a fault changes this step's collectives by design")
+    base = records[0].fingerprint
+    for rec in records[1:]:
+        if rec.fingerprint == base:
+            continue
+        for i in range(max(len(base), len(rec.fingerprint))):
+            a = base[i] if i < len(base) else None
+            b = rec.fingerprint[i] if i < len(rec.fingerprint) else None
+            if a != b:
+                return _fail(name, f"collective #{i}: rank {records[0].rank} issues {a}, "
+                             f"rank {rec.rank} issues {b}")
+    return _ok(name)
+
+
+def check_replay_split(records: Sequence[StepRecord]) -> Verdict:
+    """A replayed microbatched graph splits the batch as it was split at capture."""
+    name = "captured_split"
+    for rec in records:
+        if rec.executed != "replay" or rec.captured_split == rec.replay_split:
+            continue
+        for i, (cap, rep) in enumerate(zip(rec.captured_split, rec.replay_split, strict=True)):
+            if cap != rep:
+                return _fail(name, f"rank {rec.rank} microbatch {i}: captured requests "
+                             f"[{cap[0]}:{cap[1]}] tokens [{cap[2]}:{cap[3]}], replay prepared "
+                             f"requests [{rep[0]}:{rep[1]}] tokens [{rep[2]}:{rep[3]}]")
+    return _ok(name)
+
+
+def check_no_empty_region(records: Sequence[StepRecord]) -> Verdict:
+    """A FULL microbatched replay needs a real token in every region of every rank."""
+    name = "no_empty_region"
+    for rec in records:
+        plan = rec.plan
+        if plan is None or plan.kind != "full-microbatched":
+            continue
+        empty = [i for i, r in enumerate(plan.regions) if r.real_tokens == 0]
+        if empty:
+            return _fail(name, f"rank {rec.rank} ({plan.real_tokens} real tokens) replays "
+                         f"{plan.desc.label()} with no real token in region(s) {empty}")
+    return _ok(name)
+
+
+def _first_difference(got: Rows, want: Rows) -> int | None:
+    for i, (g, w) in enumerate(zip(got, want, strict=False)):
+        if any(abs(a - b) > TOLERANCE for a, b in zip(g, w, strict=True)):
+            return i
+    return None if len(got) == len(want) else min(len(got), len(want))
+
+
+def check_reference(records: Sequence[StepRecord], reference: ReferenceRows) -> Verdict:
+    """Real rows and per-request state equal the single-process reference (padding never
+    leaks into them)."""
+    name = "matches_reference"
+    if any(r.error is not None or r.injected_fault for r in records):
+        return _ok(name, "skipped: the step failed or had a fault injected")
+    for rec in records:
+        row = _first_difference(rec.outputs, reference.outputs[rec.rank])
+        if row is not None:
+            return _fail(name, f"rank {rec.rank} output row {row} (of "
+                         f"{len(reference.outputs[rec.rank])} real) differs from the reference")
+        real_slots = len(reference.states[rec.rank]) - 1  # the last slot is scratch
+        slot = _first_difference(rec.state[:real_slots], reference.states[rec.rank][:real_slots])
+        if slot is not None:
+            return _fail(name, f"rank {rec.rank} state of request slot {slot} differs from the "
+                         "reference")
+    return _ok(name)
+
+
+def check_thread_hygiene(records: Sequence[StepRecord]) -> Verdict:
+    """After a step no microbatch thread is alive and no run is left pending."""
+    name = "thread_hygiene"
+    for rec in records:
+        if rec.threads_alive:
+            return _fail(name, f"rank {rec.rank}: threads {list(rec.threads_alive)} still alive")
+        if rec.pending_run:
+            return _fail(name, f"rank {rec.rank}: a microbatched run is still pending")
+    return _ok(name)
+
+
+def check_step(records: Sequence[StepRecord | None], reference: ReferenceRows,
+               deadline_s: float) -> list[Verdict]:
+    verdicts = [check_liveness(records, deadline_s), check_errors(records)]
+    if any(r is None for r in records):
+        return verdicts
+    checks: list[Callable[[], Verdict]] = [
+        lambda: check_agreement(records),
+        lambda: check_fingerprints(records),
+        lambda: check_replay_split(records),
+        lambda: check_no_empty_region(records),
+        lambda: check_reference(records, reference),
+        lambda: check_thread_hygiene(records),
+    ]
+    return verdicts + [check() for check in checks]
+
+
+# -- startup ----------------------------------------------------------------------------------
+
+def check_startup(records: Sequence[StartupRecord | None], deadline_s: float) -> list[Verdict]:
+    """Capture finished everywhere, left no thread or pending run, and every graph it holds
+    recorded work and can be replayed by some legal batch."""
+    stuck = [r for r, rec in enumerate(records) if rec is None]
+    if stuck:
+        return [_fail("startup", f"ranks {stuck} did not finish capture within "
+                      f"{deadline_s:.1f} s")]
+    verdicts = []
+    failed = [rec for rec in records if rec.error is not None]
+    verdicts.append(_fail("startup", f"rank {failed[0].rank}: {failed[0].error.describe()}")
+                    if failed else _ok("startup"))
+    dirty = [rec for rec in records if rec.threads_alive or rec.pending_run]
+    verdicts.append(_fail("capture_hygiene", f"rank {dirty[0].rank}: threads "
+                          f"{list(dirty[0].threads_alive)} alive, pending run "
+                          f"{dirty[0].pending_run} after capture")
+                    if dirty else _ok("capture_hygiene"))
+    empty = [(rec.rank, g.label) for rec in records for g in rec.graphs if g.empty]
+    verdicts.append(_fail("graphs_capture_work", f"rank {empty[0][0]}: graph {empty[0][1]} "
+                          "recorded nothing (captured on a stream its work never ran on)")
+                    if empty else _ok("graphs_capture_work"))
+    first = records[0]
+    differ = [rec.rank for rec in records if rec.planned != first.planned]
+    if differ:
+        only = sorted(set(records[differ[0]].planned) ^ set(first.planned))
+        verdicts.append(_fail("capture_symmetry", f"ranks {differ} plan other graphs than rank "
+                              f"{first.rank} (they are captured with collectives inside, so "
+                              f"capture cannot line up): {', '.join(only) or 'another order'}"))
+    else:
+        verdicts.append(_ok("capture_symmetry"))
+    unreachable = [g for g in first.graphs if g.reached_by is None]
+    if unreachable:
+        held = sum(g.bytes for g in unreachable)
+        names = ", ".join(g.label for g in unreachable)
+        verdicts.append(_fail("graphs_reachable", f"{len(unreachable)} graph(s) no legal batch "
+                              f"can replay, holding {held} bytes of buffers: {names}"))
+    else:
+        verdicts.append(_ok("graphs_reachable"))
+    return verdicts

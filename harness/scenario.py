@@ -1,0 +1,230 @@
+"""A scenario: everything needed to replay one case, as plain data (JSON or TOML).
+
+    {"name": ..., "config": {...HarnessConfig fields...},
+     "steps": [{"ranks": [{"query_lens": [1, 1, 1]}, {"tokens": 64, "allow_ubatching": false}]}],
+     "faults": [{"kind": "raise_in_ubatch", "rank": 0, "step": 0, "ubatch": 0}],
+     "expect": {"caught_by": "checker name"}}
+
+A rank is given by `query_lens` (one entry per request) or by `tokens` (that many one-token
+decode requests); `{"tokens": 0}` is an idle rank. Request i of a rank keeps state slot i
+across steps, so later steps continue the same requests.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import tomllib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.batch import RankBatch, validate_batches
+from harness.config import HarnessConfig, config_kwargs
+from harness.errors import ConfigError
+from harness.model.moe import DEFAULT_VOCAB, RequestSpec
+
+
+class FaultKind(enum.Enum):
+    """Faults a scenario can inject (the nemesis)."""
+
+    RAISE_IN_UBATCH = "raise_in_ubatch"  # the microbatch raises after its first yield
+    RETURN_WITHOUT_YIELDING = "return_without_yielding"  # the microbatch skips its MoE layer
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: FaultKind
+    rank: int
+    step: int
+    ubatch: int = 0
+
+
+@dataclass(frozen=True)
+class RankStep:
+    query_lens: tuple[int, ...]
+    allow_ubatching: bool = True
+
+    def batch(self) -> RankBatch:
+        return RankBatch.from_query_lens(self.query_lens, self.allow_ubatching)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    config: HarnessConfig
+    steps: tuple[tuple[RankStep, ...], ...]
+    faults: tuple[Fault, ...] = ()
+    name: str = "scenario"
+    description: str = ""
+    caught_by: str | None = None  # the checker a regression scenario must trip
+
+    def batches(self, step: int) -> list[RankBatch]:
+        return [r.batch() for r in self.steps[step]]
+
+    def faults_at(self, step: int, rank: int) -> tuple[Fault, ...]:
+        return tuple(f for f in self.faults if f.step == step and f.rank == rank)
+
+    def requests(self) -> list[list[list[RequestSpec]]]:
+        """Per step, per rank, the requests with their slots, context and token ids.
+
+        Token ids are a pure function of (seed, rank, slot, position), so a rerun, the
+        reference and every world see the same tokens.
+        """
+        context = [[0] * self.config.max_num_reqs for _ in range(self.config.dp_size)]
+        out = []
+        for ranks in self.steps:
+            per_rank = []
+            for rank, rank_step in enumerate(ranks):
+                reqs = []
+                for slot, q in enumerate(rank_step.query_lens):
+                    start = context[rank][slot]
+                    ids = tuple(_token_id(self.config.seed, rank, slot, p)
+                                for p in range(start, start + q))
+                    reqs.append(RequestSpec(slot, start, ids))
+                    context[rank][slot] = start + q
+                per_rank.append(reqs)
+            out.append(per_rank)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"name": self.name}
+        if self.description:
+            data["description"] = self.description
+        data["config"] = self.config.to_dict()
+        data["steps"] = [{"ranks": [_rank_to_dict(r) for r in ranks]} for ranks in self.steps]
+        if self.faults:
+            data["faults"] = [{"kind": f.kind.value, "rank": f.rank, "step": f.step,
+                               "ubatch": f.ubatch} for f in self.faults]
+        if self.caught_by:
+            data["expect"] = {"caught_by": self.caught_by}
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+
+def _token_id(seed: int, rank: int, slot: int, position: int) -> int:
+    return (seed * 7919 + rank * 104729 + slot * 1299709 + position * 15485863) % DEFAULT_VOCAB
+
+
+def _rank_to_dict(rank_step: RankStep) -> dict[str, Any]:
+    lens = rank_step.query_lens
+    data: dict[str, Any] = ({"tokens": len(lens)} if all(q == 1 for q in lens)
+                            else {"query_lens": list(lens)})
+    if not rank_step.allow_ubatching:
+        data["allow_ubatching"] = False
+    return data
+
+
+def _int(value: Any, where: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError(where, f"must be an integer, got {value!r}")
+    return value
+
+
+def _rank_from_dict(data: Any, where: str) -> RankStep:
+    if isinstance(data, int) and not isinstance(data, bool):
+        data = {"tokens": data}
+    if not isinstance(data, dict):
+        raise ConfigError(where, "must be an object with `tokens` or `query_lens`")
+    unknown = set(data) - {"tokens", "query_lens", "allow_ubatching"}
+    if unknown:
+        raise ConfigError(f"{where}.{sorted(unknown)[0]}", "is not a rank field")
+    if ("tokens" in data) == ("query_lens" in data):
+        raise ConfigError(where, "needs exactly one of `tokens` or `query_lens`")
+    if "tokens" in data:
+        n = _int(data["tokens"], f"{where}.tokens")
+        if n < 0:
+            raise ConfigError(f"{where}.tokens", f"is negative ({n})")
+        lens: tuple[int, ...] = (1,) * n
+    else:
+        raw = data["query_lens"]
+        if not isinstance(raw, list):
+            raise ConfigError(f"{where}.query_lens", "must be a list of integers")
+        lens = tuple(_int(q, f"{where}.query_lens") for q in raw)
+        if any(q < 1 for q in lens):
+            raise ConfigError(f"{where}.query_lens", "holds a request with no tokens")
+    allow = data.get("allow_ubatching", True)
+    if not isinstance(allow, bool):
+        raise ConfigError(f"{where}.allow_ubatching", f"must be true or false, got {allow!r}")
+    return RankStep(lens, allow)
+
+
+def _fault_from_dict(data: Any, where: str, config: HarnessConfig, num_steps: int) -> Fault:
+    if not isinstance(data, dict):
+        raise ConfigError(where, "must be an object")
+    try:
+        kind = FaultKind(data.get("kind"))
+    except ValueError:
+        kinds = ", ".join(k.value for k in FaultKind)
+        raise ConfigError(f"{where}.kind", f"unknown fault {data.get('kind')!r} (one of "
+                          f"{kinds})") from None
+    rank = _int(data.get("rank", 0), f"{where}.rank")
+    step = _int(data.get("step", 0), f"{where}.step")
+    ubatch = _int(data.get("ubatch", 0), f"{where}.ubatch")
+    if not 0 <= rank < config.dp_size:
+        raise ConfigError(f"{where}.rank", f"{rank} is outside dp_size={config.dp_size}")
+    if not 0 <= step < num_steps:
+        raise ConfigError(f"{where}.step", f"{step} is outside the {num_steps} steps")
+    if not 0 <= ubatch < max(config.num_ubatches, 1):
+        raise ConfigError(f"{where}.ubatch", f"{ubatch} is outside the "
+                          f"{config.num_ubatches} microbatches")
+    return Fault(kind, rank, step, ubatch)
+
+
+def scenario_from_dict(data: Any) -> Scenario:
+    if not isinstance(data, dict):
+        raise ConfigError("scenario", "must be an object with `config` and `steps`")
+    unknown = set(data) - {"name", "description", "config", "steps", "faults", "expect"}
+    if unknown:
+        raise ConfigError(sorted(unknown)[0], "is not a scenario field")
+    raw_steps = data.get("steps")
+    if not isinstance(raw_steps, list) or not raw_steps:
+        raise ConfigError("steps", "must be a non-empty list")
+    steps = []
+    for i, raw in enumerate(raw_steps):
+        ranks = raw.get("ranks") if isinstance(raw, dict) else raw
+        if not isinstance(ranks, list) or not ranks:
+            raise ConfigError(f"steps[{i}].ranks", "must be a non-empty list, one per rank")
+        steps.append(tuple(_rank_from_dict(r, f"steps[{i}].ranks[{j}]")
+                           for j, r in enumerate(ranks)))
+    widths = {len(s) for s in steps}
+    if len(widths) != 1:
+        raise ConfigError("steps", "every step needs the same number of ranks")
+    kwargs = config_kwargs(data.get("config", {}))
+    kwargs.setdefault("dp_size", widths.pop())
+    config = HarnessConfig(**kwargs)
+    for i, ranks in enumerate(steps):
+        try:
+            validate_batches(config, [r.batch() for r in ranks])
+        except ConfigError as exc:
+            raise ConfigError(f"steps[{i}].{exc.field}", exc.message) from None
+    raw_faults = data.get("faults", [])
+    if not isinstance(raw_faults, list):
+        raise ConfigError("faults", "must be a list")
+    faults = tuple(_fault_from_dict(f, f"faults[{i}]", config, len(steps))
+                   for i, f in enumerate(raw_faults))
+    expect = data.get("expect", {})
+    caught_by = expect.get("caught_by") if isinstance(expect, dict) else None
+    return Scenario(config, tuple(steps), faults, str(data.get("name", "scenario")),
+                    str(data.get("description", "")), caught_by)
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError("scenario", f"cannot read {path}: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError("scenario", f"{path} is not valid {path.suffix.lstrip('.') or 'JSON'}"
+                          f": {exc}") from None
+    return scenario_from_dict(data)
+
+
+def scenario_of(config: HarnessConfig, steps: Sequence[Sequence[RankStep]],
+                **kwargs: Any) -> Scenario:
+    return Scenario(config, tuple(tuple(s) for s in steps), **kwargs)

@@ -1,0 +1,135 @@
+"""The graph manager (vLLM's CudaGraphManager, dbo-reference 2.8-2.10): capture and replay.
+
+Every FULL descriptor of the graph table is captured in vLLM's order, each after an eager
+warmup on the same persistent buffers; a microbatched one parks fresh threads outside the
+graph and captures only their wake-up and joins. PIECEWISE graphs (attention eager between
+captured pieces) are not modelled: such steps run eagerly.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from dataclasses import dataclass
+
+from harness.batch import dummy_query_lens
+from harness.config import CaptureOn, CudaGraphMode, HarnessConfig
+from harness.model.moe import (
+    MiniMoE,
+    RequestSpec,
+    StateCache,
+    StepBuffers,
+    UbatchMetadata,
+    prepare_microbatch,
+)
+from harness.runtime.comm import CollectiveLog
+from harness.sut.descriptor import GraphDescriptor
+from harness.sut.graph_table import GraphTable
+from harness.sut.slicing import UbatchSlice
+from harness.sut.ubatch_runner import MicrobatchRunner
+
+Fingerprint = tuple[tuple[str, tuple[int, ...]], ...]
+
+
+@dataclass(frozen=True)
+class CapturedGraph:
+    desc: GraphDescriptor
+    graph: object
+    buffers: StepBuffers
+    split: tuple[UbatchSlice, ...]  # the request/token split frozen at capture
+    fingerprint: Fingerprint  # the collectives the graph issues at every replay
+    empty: bool | None  # the backend found nothing recorded
+
+
+class GraphManager:
+    def __init__(self, config: HarnessConfig, table: GraphTable, streams, backend,
+                 runner: MicrobatchRunner, model: MiniMoE, cache: StateCache,
+                 log: CollectiveLog) -> None:
+        self.config = config
+        self.table = table
+        self.streams = streams
+        self.backend = backend
+        self.runner = runner
+        self.model = model
+        self.cache = cache
+        self.log = log
+        self.pool = backend.new_pool()
+        # A non-default stream for graphs that are not microbatched (vLLM's graph_capture).
+        self.graph_stream = streams.new_stream("graph")
+        self.whole_step_meta = UbatchMetadata(config.max_num_reqs)
+        self.captured: dict[GraphDescriptor, CapturedGraph] = {}
+
+    def capture_stream_for(self, desc: GraphDescriptor):
+        if not desc.microbatched:
+            return self.graph_stream
+        if self.config.capture_on is CaptureOn.SIDE:
+            # The draft's bug: torch.cuda.graph's own side stream, not the threads' stream.
+            return self.streams.new_stream(f"side-{desc.label()}")
+        return self.runner.capture_stream
+
+    def capture_all(self) -> None:
+        """Warm up and capture every FULL descriptor, largest first; parked threads of a
+        failed capture are always released."""
+        with ExitStack() as stack:
+            stack.callback(self.runner.abort_pending_run)
+            for desc in self.table.capture_order():
+                if desc.cg_mode is CudaGraphMode.FULL:
+                    self._warmup_and_capture(desc)
+
+    def _dummy_step(self, desc: GraphDescriptor) -> tuple[StepBuffers, tuple[int, ...]]:
+        buffers = StepBuffers(desc.num_tokens, desc.num_reqs, self.config.hidden_size,
+                              self.cache.scratch_slot)
+        lens = dummy_query_lens(desc.num_reqs, desc.num_tokens)
+        scratch = self.cache.scratch_slot
+        buffers.fill([RequestSpec(scratch, 0, (0,) * q) for q in lens])
+        buffers.is_padding.fill_(True)  # capture runs on dummy rows only
+        return buffers, lens
+
+    def _warmup_and_capture(self, desc: GraphDescriptor) -> None:
+        buffers, lens = self._dummy_step(desc)
+        self.run_eager(desc, buffers, lens)  # warmup: allocates comm buffers outside capture
+        graph = self.backend.new_graph()
+        start = self.log.mark()
+        if desc.microbatched:
+            state = self.runner.prepare(buffers, lens)
+            finish = self.runner.begin_capturable_run(self.model, self.cache, state,
+                                                      for_capture=True)
+            with self.backend.capture(graph, self.capture_stream_for(desc), pool=self.pool):
+                finish()
+            split = state.slices
+        else:
+            mb = prepare_microbatch(buffers, self.whole_step_meta, buffers.whole())
+            with self.backend.capture(graph, self.capture_stream_for(desc), pool=self.pool):
+                self.model.forward(mb, self.cache)
+            split = (buffers.whole(),)
+        self.captured[desc] = CapturedGraph(desc, graph, buffers, split, self.log.since(start),
+                                            graph.is_empty)
+
+    def run_eager(self, desc: GraphDescriptor, buffers: StepBuffers, lens, faults=()) -> None:
+        """An eager step on `buffers`: microbatched on threads when `desc` says so."""
+        if desc.microbatched:
+            state = self.runner.prepare(buffers, lens)
+            self.runner.run(self.model, self.cache, state, faults=faults)
+        else:
+            mb = prepare_microbatch(buffers, self.whole_step_meta, buffers.whole())
+            self.model.forward(mb, self.cache)
+
+    def replay(self, desc: GraphDescriptor, requests, lens) -> tuple[UbatchSlice, ...]:
+        """Refresh the graph's buffers in place, prepare the split, replay; returns the
+        split prepared for this batch (to compare with the captured one)."""
+        captured = self.captured[desc]
+        captured.buffers.fill(requests)
+        if desc.microbatched:
+            split = self.runner.prepare(captured.buffers, lens).slices
+        else:
+            prepare_microbatch(captured.buffers, self.whole_step_meta, captured.buffers.whole())
+            split = (captured.buffers.whole(),)
+        captured.graph.replay()
+        return split
+
+    def graph_bytes(self, desc: GraphDescriptor) -> int:
+        """Memory a graph holds for its persistent step buffers (what an unreachable twin
+        wastes, besides its pool)."""
+        b = self.captured[desc].buffers
+        tensors = (b.input_ids, b.positions, b.is_padding, b.query_start_loc, b.seq_lens,
+                   b.slot_ids, b.output)
+        return sum(t.numel() * t.element_size() for t in tensors)

@@ -1,0 +1,132 @@
+"""The rank code: what one DP rank holds and does, the same in every world.
+
+Startup captures every FULL graph (warmup first); each step then runs the DP sync, pads, and
+either replays a captured graph, runs an eager microbatched step on the protocol threads, or
+runs a plain eager step, and returns a StepRecord. Nothing here raises: every failure ends
+up in the record, and every wait below is bounded.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+
+from harness.check.records import (
+    GraphRecord,
+    StartupRecord,
+    StepRecord,
+    error_of,
+    span,
+)
+from harness.config import CudaGraphMode, HarnessConfig
+from harness.model.moe import MiniMoE, RequestSpec, StateCache, StepBuffers, initial_state
+from harness.runtime.comm import CollectiveLog, EagerAllToAll, LoggedAllToAll
+from harness.runtime.graphs import make_graph_backend
+from harness.runtime.streams import make_streams
+from harness.scenario import Fault, RankStep
+from harness.sut.dp_sync import NUM_ROWS
+from harness.sut.graph_manager import GraphManager
+from harness.sut.step_plan import decide_on_rank, graph_table_for
+from harness.sut.ubatch_runner import MicrobatchRunner
+
+
+def _rows(t: torch.Tensor) -> tuple[tuple[float, ...], ...]:
+    return tuple(tuple(row) for row in t.tolist())
+
+
+class RankRuntime:
+    def __init__(self, config: HarnessConfig, rank: int, group, *, device: str = "cpu",
+                 collective_timeout_s: float = 5.0, hang_timeout_s: float = 5.0) -> None:
+        self.config = config
+        self.rank = rank
+        self.group = group
+        self.collective_timeout_s = collective_timeout_s
+        self.streams = make_streams(device)
+        self.log = CollectiveLog()
+        self.model = MiniMoE(config, rank, LoggedAllToAll(
+            EagerAllToAll(group, collective_timeout_s), self.log))
+        self.cache = StateCache(config.max_num_reqs, config.hidden_size)
+        self.cache.state.copy_(initial_state(config, rank))
+        self.runner = MicrobatchRunner(config, self.streams, hang_timeout_s)
+        self.table = graph_table_for(config, rank)
+        backend = make_graph_backend(self.streams, collective_timeout_s)
+        self.manager = GraphManager(config, self.table, self.streams, backend, self.runner,
+                                    self.model, self.cache, self.log)
+
+    def startup(self) -> StartupRecord:
+        start = time.monotonic()
+        error = None
+        try:
+            self.manager.capture_all()
+        except BaseException as exc:  # noqa: BLE001 - reported in the record
+            error = error_of(exc)
+        planned = tuple(d.label() for d in self.table.capture_order()
+                        if d.cg_mode is CudaGraphMode.FULL)
+        return StartupRecord(self.rank, planned, self._graph_records(), error,
+                             tuple(self.runner.alive_threads()), self.runner.has_pending_run,
+                             time.monotonic() - start)
+
+    def _graph_records(self) -> tuple[GraphRecord, ...]:
+        records = []
+        for desc, captured in self.manager.captured.items():
+            # A graph that is not split is reached by any batch of its size whose ranks do
+            # not all allow microbatching; a twin needs the DP sync to choose it.
+            reached = (self.table.reaching_batch_size(desc) if desc.microbatched
+                       else desc.num_tokens)
+            records.append(GraphRecord(desc.label(), desc.num_ubatches, captured.empty,
+                                       captured.fingerprint, self.manager.graph_bytes(desc),
+                                       reached))
+        return tuple(records)
+
+    def step(self, index: int, requests: Sequence[RequestSpec], rank_step: RankStep,
+             faults: Sequence[Fault] = ()) -> StepRecord:
+        start = time.monotonic()
+        batch = rank_step.batch()
+        lens = rank_step.query_lens
+        mark = self.log.mark()
+        plan, executed, captured_split, replay_split, fingerprint = None, "failed", (), (), ()
+        outputs: torch.Tensor = torch.zeros(0)
+        error = None
+        try:
+            self.log.add("all_reduce", (NUM_ROWS, self.config.dp_size))
+            plan = decide_on_rank(self.group, self.config, self.rank, batch,
+                                  self.collective_timeout_s)
+            desc = plan.desc
+            if desc.cg_mode is CudaGraphMode.FULL and desc in self.manager.captured:
+                captured = self.manager.captured[desc]
+                replay_split = self.manager.replay(desc, requests, lens)
+                captured_split = captured.split
+                fingerprint = self.log.since(mark) + captured.fingerprint
+                outputs = captured.buffers.output[:batch.num_tokens]
+                executed = "replay"
+            else:
+                buffers = self._eager_buffers(plan.num_tokens, plan.num_reqs, requests)
+                self.manager.run_eager(desc, buffers, lens or (1,), faults)
+                fingerprint = self.log.since(mark)
+                outputs = buffers.output[:batch.num_tokens]
+                executed = "eager-microbatched" if desc.microbatched else "eager"
+        except BaseException as exc:  # noqa: BLE001 - reported in the record
+            error = error_of(exc)
+            fingerprint = self.log.since(mark)
+        return StepRecord(
+            rank=self.rank, step=index, plan=plan, executed=executed,
+            captured_split=tuple(span(s) for s in captured_split),
+            replay_split=tuple(span(s) for s in replay_split),
+            fingerprint=fingerprint, outputs=_rows(outputs), state=_rows(self.cache.state),
+            threads_alive=tuple(self.runner.alive_threads()),
+            pending_run=self.runner.has_pending_run, error=error,
+            injected_fault=bool(faults), seconds=time.monotonic() - start)
+
+    def _eager_buffers(self, num_tokens: int, num_reqs: int,
+                       requests: Sequence[RequestSpec]) -> StepBuffers:
+        # An idle rank still joins the expert all-to-alls, with one padding token.
+        buffers = StepBuffers(max(num_tokens, 1), max(num_reqs, 1), self.config.hidden_size,
+                              self.cache.scratch_slot)
+        if requests:
+            buffers.fill(requests)
+        else:
+            buffers.fill([RequestSpec(self.cache.scratch_slot, 0, (0,))])
+            buffers.is_padding.fill_(True)
+        return buffers

@@ -1,0 +1,150 @@
+"""The microbatch runner (vLLM's UBatchRunner, dbo-reference 3): prepare, then a two-phase run.
+
+`begin_capturable_run` starts the microbatch threads, sets them up and parks them at the ready
+barrier, all outside any graph; the `finish` it returns only wakes microbatch 0 and joins, so
+that is all a graph captures besides the threads' own launches on the capture stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from harness.config import HarnessConfig
+from harness.model.moe import (
+    Microbatch,
+    MiniMoE,
+    StateCache,
+    StepBuffers,
+    UbatchMetadata,
+    prepare_microbatch,
+)
+from harness.runtime.ubatching import UBatchContext, UBatchRunner
+from harness.scenario import Fault, FaultKind
+from harness.sut.slicing import UbatchSlice, clamped_ubatch_slices
+
+
+class InjectedFault(RuntimeError):
+    """The error a scenario's fault makes a microbatch raise."""
+
+
+@dataclass(frozen=True)
+class UbatchState:
+    slices: tuple[UbatchSlice, ...]
+    microbatches: tuple[Microbatch, ...]
+
+
+class _FaultyOverlap:
+    """The microbatch's own context, raising once it has yielded `after_yields` times."""
+
+    def __init__(self, ctx: UBatchContext, after_yields: int) -> None:
+        self.ctx = ctx
+        self.after_yields = after_yields
+
+    def maybe_run_recv_hook(self) -> None:
+        self.ctx.maybe_run_recv_hook()
+
+    def register_recv_hook(self, hook) -> None:
+        self.ctx.register_recv_hook(hook)
+
+    def current_ubatch_id(self) -> int:
+        return self.ctx.current_ubatch_id()
+
+    def yield_(self) -> None:
+        self.ctx.yield_()
+        if self.ctx.num_yields >= self.after_yields:
+            raise InjectedFault(f"injected failure in microbatch {self.ctx.id}")
+
+
+class MicrobatchRunner:
+    def __init__(self, config: HarnessConfig, streams, hang_timeout_s: float) -> None:
+        self.config = config
+        self.num_ubatches = config.num_ubatches
+        self.streams = streams
+        # One metadata pair per microbatch: all microbatches are live at once, and a graph
+        # reads them at fixed addresses.
+        self.metas = [UbatchMetadata(config.max_num_reqs) for _ in range(self.num_ubatches)]
+        self.comm_stream = streams.new_stream("ubatch-comm")
+        self.capture_stream = streams.new_stream("ubatch-capture")
+        self.threads = UBatchRunner(config.protocol.value, hang_timeout_s=hang_timeout_s,
+                                    barrier_timeout_s=hang_timeout_s)
+        self._pending_finish: Callable[[], None] | None = None
+
+    @property
+    def has_pending_run(self) -> bool:
+        return self._pending_finish is not None
+
+    def alive_threads(self) -> list[str]:
+        return [t.name for t in self.threads.alive_threads()]
+
+    def prepare(self, step: StepBuffers, query_lens: Sequence[int]) -> UbatchState:
+        """Split the (padded) step and write each microbatch's metadata in place."""
+        slices = clamped_ubatch_slices(query_lens, step.num_tokens, step.num_reqs,
+                                       self.num_ubatches)
+        microbatches = tuple(prepare_microbatch(step, self.metas[i], s, i)
+                             for i, s in enumerate(slices))
+        return UbatchState(slices, microbatches)
+
+    def begin_capturable_run(self, model: MiniMoE, cache: StateCache, state: UbatchState,
+                             for_capture: bool = False,
+                             faults: Sequence[Fault] = ()) -> Callable[[], None]:
+        """Start, set up and park the threads; return `finish` (call once, or abort)."""
+        # At capture the threads must launch where the graph records.
+        compute_stream = (self.capture_stream if for_capture
+                          else self.streams.current_stream())
+        bodies = [self._body(model, cache, mb, faults)
+                  for mb in state.microbatches]
+        finish_threads = self.threads.begin_run(
+            bodies, self.streams, compute_stream, self.comm_stream,
+            setup=self._thread_setup(for_capture, compute_stream))
+
+        def finish() -> None:
+            try:
+                finish_threads()
+            finally:
+                self._pending_finish = None
+
+        self._pending_finish = finish
+        return finish
+
+    def run(self, model: MiniMoE, cache: StateCache, state: UbatchState,
+            faults: Sequence[Fault] = ()) -> None:
+        self.begin_capturable_run(model, cache, state, faults=faults)()
+
+    def abort_pending_run(self) -> None:
+        """Release threads parked by a run that will never finish (e.g. a failed capture)."""
+        if self._pending_finish is None:
+            return
+        self._pending_finish = None
+        self.threads.abort_pending()
+
+    @staticmethod
+    def _body(model: MiniMoE, cache: StateCache, mb: Microbatch,
+              faults: Sequence[Fault]) -> Callable[[UBatchContext], None]:
+        kinds = {f.kind for f in faults if f.ubatch == mb.ubatch_id}
+
+        def body(ctx: UBatchContext) -> None:
+            if FaultKind.RETURN_WITHOUT_YIELDING in kinds:
+                return
+            overlap = (_FaultyOverlap(ctx, after_yields=1)
+                       if FaultKind.RAISE_IN_UBATCH in kinds else ctx)
+            model.forward(mb, cache, overlap)
+
+        return body
+
+    def _thread_setup(self, for_capture: bool, compute_stream) -> Callable[[], None] | None:
+        device = self.streams.device
+        if device.type != "cuda":
+            return None
+
+        def setup() -> None:
+            # New threads do not inherit the device; cuBLAS must allocate before a capture.
+            torch.cuda.set_device(device)
+            if for_capture:
+                for stream in (compute_stream, self.comm_stream):
+                    with self.streams.use(stream):
+                        torch.cuda.current_blas_handle()
+
+        return setup
