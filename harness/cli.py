@@ -12,7 +12,9 @@ from harness.batch import RankBatch, validate_batches
 from harness.check.agreement import first_disagreement
 from harness.config import HarnessConfig, config_kwargs, load_config_file, ubatching_fields
 from harness.errors import ConfigError
+from harness.scenario import load_scenario
 from harness.sut.step_plan import StepPlan, decide_on_rank
+from harness.world.sim import StepResult, Timeouts, run_scenario
 from harness.world.threads import RankFailure, RankHang, ThreadWorld
 
 EXIT_OK, EXIT_FOUND, EXIT_BAD_INPUT = 0, 1, 2
@@ -156,6 +158,47 @@ def cmd_decide(args: argparse.Namespace) -> int:
     return EXIT_OK if disagreement is None else EXIT_FOUND
 
 
+def _verdict_lines(verdicts) -> list[str]:
+    return [f"  {'ok  ' if v.ok else 'FAIL'} {v.checker}" + (f": {v.detail}" if v.detail else "")
+            for v in verdicts]
+
+
+def _step_title(step: StepResult) -> str:
+    kinds = sorted({r.executed for r in step.records if r is not None})
+    return "/".join(kinds) or "no rank finished"
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    scenario = load_scenario(args.scenario)
+    timeouts = Timeouts(collective_s=args.collective_timeout, hang_s=args.hang_timeout,
+                        step_deadline_s=args.deadline)
+    result = run_scenario(scenario, timeouts)
+    if args.json:
+        print(json.dumps({
+            "ok": result.ok,
+            "startup": [v.to_dict() for v in result.startup_verdicts],
+            "steps": [{"verdicts": [v.to_dict() for v in step.verdicts]}
+                      for step in result.steps],
+            "scenario": None if result.ok else scenario.to_dict()}))
+    else:
+        print(f"scenario {scenario.name!r}: {scenario.config.dp_size} ranks, "
+              f"{len(scenario.steps)} steps")
+        print("startup (capture):")
+        print("\n".join(_verdict_lines(result.startup_verdicts)))
+        for i, step in enumerate(result.steps):
+            print(f"step {i} ({_step_title(step)}):")
+            print("\n".join(_verdict_lines(step.verdicts)))
+        if len(result.steps) < len(scenario.steps):
+            print(f"stopped after step {len(result.steps) - 1}: a rank failed or hung"
+                  if result.steps else "no step ran: capture failed")
+        if result.ok:
+            print("all checkers hold")
+        else:
+            print("FAILED; the scenario, to replay with `python -m harness run --scenario FILE`:")
+            print(scenario.to_json())
+    return EXIT_OK if result.ok else EXIT_FOUND
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _OneLineParser(prog="python -m harness", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
@@ -174,6 +217,20 @@ def build_parser() -> argparse.ArgumentParser:
     decide.add_argument("--json", action="store_true", help="print one JSON object")
     add_config_flags(decide)
     decide.set_defaults(func=cmd_decide)
+
+    run = sub.add_parser("run", help="run a scenario on a world and print every checker's "
+                         "verdict per step")
+    run.add_argument("--scenario", required=True, metavar="FILE", help="JSON or TOML scenario")
+    run.add_argument("--world", choices=["sim"], default="sim",
+                     help="sim: ranks as threads of this process with real gloo groups")
+    run.add_argument("--json", action="store_true", help="print one JSON object")
+    run.add_argument("--collective-timeout", type=float, default=5.0, metavar="S",
+                     help="bound on every collective, seconds")
+    run.add_argument("--hang-timeout", type=float, default=5.0, metavar="S",
+                     help="a microbatch waiting this long for its turn is a hang")
+    run.add_argument("--deadline", type=float, default=30.0, metavar="S",
+                     help="bound on one step of one rank, seconds")
+    run.set_defaults(func=cmd_run)
     return parser
 
 

@@ -16,7 +16,7 @@ import enum
 import json
 import tomllib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,8 @@ class Scenario:
     name: str = "scenario"
     description: str = ""
     caught_by: str | None = None  # the checker a regression scenario must trip
+    # The config changes that turn the buggy variant back into the reference behaviour.
+    reference_changes: tuple[tuple[str, Any], ...] = ()
 
     def batches(self, step: int) -> list[RankBatch]:
         return [r.batch() for r in self.steps[step]]
@@ -96,9 +98,15 @@ class Scenario:
         if self.faults:
             data["faults"] = [{"kind": f.kind.value, "rank": f.rank, "step": f.step,
                                "ubatch": f.ubatch} for f in self.faults]
-        if self.caught_by:
-            data["expect"] = {"caught_by": self.caught_by}
+        if self.caught_by or self.reference_changes:
+            data["expect"] = {"caught_by": self.caught_by,
+                              "reference": dict(self.reference_changes)}
         return data
+
+    def with_reference_behaviour(self) -> Scenario:
+        """The same scenario with the variant switched back to the reference."""
+        config = HarnessConfig(**{**self.config.to_dict(), **dict(self.reference_changes)})
+        return replace(self, config=config, caught_by=None, reference_changes=())
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
@@ -206,9 +214,20 @@ def scenario_from_dict(data: Any) -> Scenario:
     faults = tuple(_fault_from_dict(f, f"faults[{i}]", config, len(steps))
                    for i, f in enumerate(raw_faults))
     expect = data.get("expect", {})
-    caught_by = expect.get("caught_by") if isinstance(expect, dict) else None
-    return Scenario(config, tuple(steps), faults, str(data.get("name", "scenario")),
-                    str(data.get("description", "")), caught_by)
+    if not isinstance(expect, dict):
+        raise ConfigError("expect", "must be an object")
+    reference = expect.get("reference", {})
+    if not isinstance(reference, dict):
+        raise ConfigError("expect.reference", "must be an object of config fields")
+    scenario = Scenario(config, tuple(steps), faults, str(data.get("name", "scenario")),
+                        str(data.get("description", "")), expect.get("caught_by"),
+                        tuple(sorted(reference.items())))
+    if reference:
+        try:
+            scenario.with_reference_behaviour()
+        except ConfigError as exc:
+            raise ConfigError(f"expect.reference.{exc.field}", exc.message) from None
+    return scenario
 
 
 def load_scenario(path: str | Path) -> Scenario:
