@@ -85,6 +85,7 @@ def test_a_rank_whose_graph_replays_stale_outputs_is_named():
     details = {v.checker: v.detail for _, v in result.failed_verdicts()}
     assert details["matches_reference"].startswith("rank 0 output row 0")
     assert "recorded nothing" in details["graphs_capture_work"]
+    assert details["routing_provenance"].startswith("rank 0 never received")
 
 
 def test_a_stock_sibling_failure_ends_as_a_reported_hang_within_the_deadline():

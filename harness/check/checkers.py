@@ -28,10 +28,12 @@ class Verdict:
 
 @dataclass(frozen=True)
 class ReferenceRows:
-    """The single-process reference for one step: per rank, real rows and the state cache."""
+    """The single-process reference for one step: per rank, real rows, the state cache and
+    the (source rank, token, expert) rows it must receive in the dispatch."""
 
     outputs: tuple[Rows, ...]
     states: tuple[Rows, ...]
+    routes: tuple[tuple[tuple[int, int, int], ...], ...]
 
 
 def _ok(name: str, detail: str = "") -> Verdict:
@@ -169,6 +171,25 @@ def check_reference(records: Sequence[StepRecord], reference: ReferenceRows) -> 
     return _ok(name)
 
 
+def check_routing(records: Sequence[StepRecord], reference: ReferenceRows) -> Verdict:
+    """Every rank received exactly the rows the reference routes to its experts: no row lost,
+    duplicated, misrouted, and no padding row dispatched."""
+    name = "routing_provenance"
+    if any(r.error is not None or r.injected_fault for r in records):
+        return _ok(name, "skipped: the step failed or had a fault injected")
+    for rec in records:
+        want = reference.routes[rec.rank]
+        if rec.routes == want:
+            continue
+        extra = sorted(set(rec.routes) - set(want))
+        missing = sorted(set(want) - set(rec.routes))
+        what = (f"received {extra[0]} (source rank, token, expert) it should not" if extra
+                else f"never received {missing[0]}" if missing
+                else "received a row twice")
+        return _fail(name, f"rank {rec.rank} {what}")
+    return _ok(name)
+
+
 def check_thread_hygiene(records: Sequence[StepRecord]) -> Verdict:
     """After a step no microbatch thread is alive and no run is left pending."""
     name = "thread_hygiene"
@@ -191,6 +212,7 @@ def check_step(records: Sequence[StepRecord | None], reference: ReferenceRows,
         lambda: check_replay_split(records),
         lambda: check_no_empty_region(records),
         lambda: check_reference(records, reference),
+        lambda: check_routing(records, reference),
         lambda: check_thread_hygiene(records),
     ]
     return verdicts + [check() for check in checks]

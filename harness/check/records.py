@@ -59,6 +59,7 @@ class StepRecord:
     captured_split: tuple[Span, ...]  # empty unless a graph was replayed
     replay_split: tuple[Span, ...]
     fingerprint: Fingerprint  # collectives this rank issued (or its graph replays)
+    routes: tuple[tuple[int, int, int], ...]  # (source rank, token, expert) received, sorted
     outputs: Rows  # the real rows only
     state: Rows  # the whole per-request state cache after the step
     threads_alive: tuple[str, ...]
@@ -74,8 +75,8 @@ class StepRecord:
             "kind": plan.kind, "graph": plan.desc.label(), "num_tokens": plan.num_tokens,
             "num_reqs": plan.num_reqs,
             "regions": [[r.tokens, r.real_tokens] for r in plan.regions]}
-        data.pop("outputs")
-        data.pop("state")
+        for bulky in ("outputs", "state", "routes"):
+            data.pop(bulky)
         return data
 
 

@@ -104,14 +104,17 @@ class GraphManager:
         self.captured[desc] = CapturedGraph(desc, graph, buffers, split, self.log.since(start),
                                             graph.is_empty)
 
-    def run_eager(self, desc: GraphDescriptor, buffers: StepBuffers, lens, faults=()) -> None:
-        """An eager step on `buffers`: microbatched on threads when `desc` says so."""
+    def run_eager(self, desc: GraphDescriptor, buffers: StepBuffers, lens,
+                  faults=()) -> tuple[UbatchSlice, ...]:
+        """An eager step on `buffers`, microbatched on threads when `desc` says so; returns
+        the split it ran."""
         if desc.microbatched:
             state = self.runner.prepare(buffers, lens)
             self.runner.run(self.model, self.cache, state, faults=faults)
-        else:
-            mb = prepare_microbatch(buffers, self.whole_step_meta, buffers.whole())
-            self.model.forward(mb, self.cache)
+            return state.slices
+        mb = prepare_microbatch(buffers, self.whole_step_meta, buffers.whole())
+        self.model.forward(mb, self.cache)
+        return (buffers.whole(),)
 
     def replay(self, desc: GraphDescriptor, requests, lens) -> tuple[UbatchSlice, ...]:
         """Refresh the graph's buffers in place, prepare the split, replay; returns the

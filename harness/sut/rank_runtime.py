@@ -87,6 +87,7 @@ class RankRuntime:
         lens = rank_step.query_lens
         mark = self.log.mark()
         plan, executed, captured_split, replay_split, fingerprint = None, "failed", (), (), ()
+        ran: tuple = ()  # the split the model actually ran (whose comm buffers hold the routes)
         outputs: torch.Tensor = torch.zeros(0)
         error = None
         try:
@@ -97,13 +98,13 @@ class RankRuntime:
             if desc.cg_mode is CudaGraphMode.FULL and desc in self.manager.captured:
                 captured = self.manager.captured[desc]
                 replay_split = self.manager.replay(desc, requests, lens)
-                captured_split = captured.split
+                captured_split = ran = captured.split
                 fingerprint = self.log.since(mark) + captured.fingerprint
                 outputs = captured.buffers.output[:batch.num_tokens]
                 executed = "replay"
             else:
                 buffers = self._eager_buffers(plan.num_tokens, plan.num_reqs, requests)
-                self.manager.run_eager(desc, buffers, lens or (1,), faults)
+                ran = self.manager.run_eager(desc, buffers, lens or (1,), faults)
                 fingerprint = self.log.since(mark)
                 outputs = buffers.output[:batch.num_tokens]
                 executed = "eager-microbatched" if desc.microbatched else "eager"
@@ -114,10 +115,17 @@ class RankRuntime:
             rank=self.rank, step=index, plan=plan, executed=executed,
             captured_split=tuple(span(s) for s in captured_split),
             replay_split=tuple(span(s) for s in replay_split),
-            fingerprint=fingerprint, outputs=_rows(outputs), state=_rows(self.cache.state),
+            fingerprint=fingerprint, routes=self._received_routes(ran, error is None),
+            outputs=_rows(outputs), state=_rows(self.cache.state),
             threads_alive=tuple(self.runner.alive_threads()),
             pending_run=self.runner.has_pending_run, error=error,
             injected_fault=bool(faults), seconds=time.monotonic() - start)
+
+    def _received_routes(self, split, completed: bool) -> tuple[tuple[int, int, int], ...]:
+        if not completed:
+            return ()
+        return tuple(sorted(route for i, sl in enumerate(split)
+                            for route in self.model.received_routes(i, sl.num_tokens)))
 
     def _eager_buffers(self, num_tokens: int, num_reqs: int,
                        requests: Sequence[RequestSpec]) -> StepBuffers:

@@ -68,7 +68,8 @@ def reference_rows(scenario: Scenario) -> list[ReferenceRows]:
         ref = reference_step(config, weights, requests, states)
         states = ref.states
         rows.append(ReferenceRows(tuple(_rows(t) for t in ref.outputs),
-                                  tuple(_rows(t) for t in ref.states)))
+                                  tuple(_rows(t) for t in ref.states),
+                                  tuple(tuple(sorted(c.elements())) for c in ref.routes)))
     return rows
 
 
