@@ -178,3 +178,14 @@ def test_a_skewed_multi_step_scenario_holds_on_the_dp_world(nproc):
     result = run(SMALL, ranks)
     assert result.ok, result.failed_verdicts()
     assert len(result.steps) == len(ranks)
+
+
+def test_a_failed_capture_releases_its_parked_threads_and_leaves_no_pending_run():
+    # Asymmetric tables: rank 1 captures other graphs, so a capture all-to-all times out.
+    result = run_scenario(load_scenario(SCENARIOS / "asymmetric-candidates.json"), FAST)
+    assert result.steps == ()
+    errors = [r.error for r in result.startup if r.error is not None]
+    assert errors and all("CollectiveTimeout" in e.describe() for e in errors)
+    assert all(r.threads_alive == () and r.pending_run is False for r in result.startup)
+    verdicts = {v.checker: v.ok for v in result.startup_verdicts}
+    assert verdicts["capture_hygiene"] is True and verdicts["capture_symmetry"] is False
