@@ -14,7 +14,8 @@ from harness.config import HarnessConfig, config_kwargs, load_config_file, ubatc
 from harness.errors import ConfigError
 from harness.scenario import load_scenario
 from harness.sut.step_plan import StepPlan, decide_on_rank
-from harness.world.sim import StepResult, Timeouts, run_scenario
+from harness.world.results import StepResult, Timeouts
+from harness.world.sim import run_scenario
 from harness.world.threads import RankFailure, RankHang, ThreadWorld
 
 EXIT_OK, EXIT_FOUND, EXIT_BAD_INPUT = 0, 1, 2

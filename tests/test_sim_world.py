@@ -12,7 +12,8 @@ import pytest
 from harness.cli import EXIT_BAD_INPUT, EXIT_FOUND, EXIT_OK, main
 from harness.errors import ConfigError
 from harness.scenario import load_scenario, scenario_from_dict
-from harness.world.sim import Timeouts, run_scenario
+from harness.world.results import Timeouts
+from harness.world.sim import run_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 FAST = Timeouts(collective_s=2.0, hang_s=2.0, step_deadline_s=15.0)
