@@ -1,11 +1,15 @@
-"""pytest plugin of the harness: options, world sizing and Hypothesis profiles."""
+"""pytest plugin of the harness: options, markers, the world fixture, Hypothesis profiles,
+and a summary table of every scenario a world ran."""
 
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+from harness.errors import ConfigError
 
 settings.register_profile("dev", max_examples=60, deadline=None)
 settings.register_profile("ci", max_examples=100, deadline=None, derandomize=True,
@@ -14,11 +18,17 @@ settings.register_profile("nightly", max_examples=5000, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
+_SUMMARY: list[tuple[str, int, int, bool, str, float]] = []
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("harness")
     group.addoption("--nproc", type=int, default=2,
                     help="ranks in the DP world of the distributed suite (default 2)")
+    group.addoption("--world", choices=["sim", "torchrun"], default="sim",
+                    help="sim: thread ranks in this process; torchrun: rank processes")
+    group.addoption("--backend", choices=["gloo", "nccl"], default="gloo",
+                    help="process-group backend of the world (nccl: one GPU per rank)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -30,3 +40,51 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(scope="session")
 def nproc(request: pytest.FixtureRequest) -> int:
     return request.config.getoption("--nproc")
+
+
+class _SummarisedWorld:
+    """The session's world, noting every scenario it runs for the closing table."""
+
+    def __init__(self, world) -> None:
+        self.inner = world
+        self.nproc = world.nproc
+
+    def run(self, scenario):
+        start = time.monotonic()
+        result = self.inner.run(scenario)
+        failed = sorted({v.checker for _, v in result.failed_verdicts()})
+        _SUMMARY.append((scenario.name, scenario.config.dp_size, len(result.steps), result.ok,
+                         ", ".join(failed), time.monotonic() - start))
+        return result
+
+
+@pytest.fixture(scope="session")
+def world(request: pytest.FixtureRequest, nproc: int):
+    """One world per session (per xdist worker): built once, rebuilt by itself on failure."""
+    from harness.world import open_world
+
+    kind = request.config.getoption("--world")
+    backend = request.config.getoption("--backend")
+    try:
+        inner = open_world(kind, nproc, backend)
+    except ConfigError as exc:
+        pytest.skip(f"{kind} world with {backend} cannot run here: {exc}")
+    yield _SummarisedWorld(inner)
+    leftover = inner.close()
+    assert not leftover, f"processes of the world outlived it: {leftover}"
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    if not _SUMMARY:
+        return
+    world = config.getoption("--world")
+    tr = terminalreporter
+    tr.section(f"scenarios run on the {world} world")
+    tr.write_line(f"{'scenario':34} {'ranks':>5} {'steps':>5} {'verdict':8} {'seconds':>7}  "
+                  "failing checkers")
+    for name, ranks, steps, ok, failed, seconds in _SUMMARY:
+        tr.write_line(f"{name[:34]:34} {ranks:>5} {steps:>5} {'ok' if ok else 'FAIL':8} "
+                      f"{seconds:7.2f}  {failed}")
+    passed = sum(1 for row in _SUMMARY if row[3])
+    tr.write_line(f"{len(_SUMMARY)} scenarios: {passed} held every checker, "
+                  f"{len(_SUMMARY) - passed} were caught by one")

@@ -79,8 +79,8 @@ class CaptureOn(enum.Enum):
 class Twins(enum.Enum):
     """Which microbatched twins the graph table captures (dbo-reference 12.5)."""
 
-    ALL = "all"  # every eligible twin, as vLLM does
-    REACHABLE = "reachable"  # only twins some legal batch can dispatch to
+    ALL = "all"  # every eligible twin, as vLLM does (bug 12.5)
+    REACHABLE = "reachable"  # only twins some legal batch can dispatch to: the reference
 
 
 def _parse_enum(enum_cls: type[enum.Enum], value: Any, field_name: str) -> enum.Enum:
@@ -127,7 +127,7 @@ class HarnessConfig:
     top_k: int = 2
     seed: int = 0
     guard: Guard = Guard.FIXED
-    twins: Twins = Twins.ALL
+    twins: Twins = Twins.REACHABLE
     # Fault switch: this rank generates twins with the decode threshold moved by the offset.
     threshold_offset_rank: int | None = None
     threshold_offset: int = 0

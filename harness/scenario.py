@@ -31,6 +31,13 @@ class FaultKind(enum.Enum):
 
     RAISE_IN_UBATCH = "raise_in_ubatch"  # the microbatch raises after its first yield
     RETURN_WITHOUT_YIELDING = "return_without_yielding"  # the microbatch skips its MoE layer
+    SKIP_SYNC = "skip_sync"  # the rank skips the DP sync all-reduce
+    SLOW_RANK = "slow_rank"  # the rank sleeps `seconds` before the step
+    KILL_RANK = "kill_rank"  # the rank's process is killed mid-step (torchrun world only)
+
+
+class InjectedFault(RuntimeError):
+    """The error a scenario's fault makes a rank or a microbatch raise."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,7 @@ class Fault:
     rank: int
     step: int
     ubatch: int = 0
+    seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -97,11 +105,25 @@ class Scenario:
         data["steps"] = [{"ranks": [_rank_to_dict(r) for r in ranks]} for ranks in self.steps]
         if self.faults:
             data["faults"] = [{"kind": f.kind.value, "rank": f.rank, "step": f.step,
-                               "ubatch": f.ubatch} for f in self.faults]
+                               "ubatch": f.ubatch, "seconds": f.seconds} for f in self.faults]
         if self.caught_by or self.reference_changes:
             data["expect"] = {"caught_by": self.caught_by,
                               "reference": dict(self.reference_changes)}
         return data
+
+    def with_dp_size(self, dp_size: int) -> Scenario:
+        """The same case on more (or fewer) ranks: extra ranks repeat the last rank's batch."""
+        if dp_size == self.config.dp_size:
+            return self
+        steps = tuple((ranks + (ranks[-1],) * dp_size)[:dp_size] for ranks in self.steps)
+        faults = tuple(f for f in self.faults if f.rank < dp_size)
+        data = self.to_dict()
+        data["config"]["dp_size"] = dp_size
+        offset_rank = data["config"].get("threshold_offset_rank")
+        if offset_rank is not None and offset_rank >= dp_size:
+            data["config"]["threshold_offset_rank"] = dp_size - 1
+        config = HarnessConfig(**config_kwargs(data["config"]))
+        return replace(self, config=config, steps=steps, faults=faults)
 
     def with_reference_behaviour(self) -> Scenario:
         """The same scenario with the variant switched back to the reference."""
@@ -171,6 +193,9 @@ def _fault_from_dict(data: Any, where: str, config: HarnessConfig, num_steps: in
     rank = _int(data.get("rank", 0), f"{where}.rank")
     step = _int(data.get("step", 0), f"{where}.step")
     ubatch = _int(data.get("ubatch", 0), f"{where}.ubatch")
+    seconds = data.get("seconds", 0.0)
+    if not isinstance(seconds, int | float) or isinstance(seconds, bool) or seconds < 0:
+        raise ConfigError(f"{where}.seconds", f"must be a non-negative number, got {seconds!r}")
     if not 0 <= rank < config.dp_size:
         raise ConfigError(f"{where}.rank", f"{rank} is outside dp_size={config.dp_size}")
     if not 0 <= step < num_steps:
@@ -178,7 +203,7 @@ def _fault_from_dict(data: Any, where: str, config: HarnessConfig, num_steps: in
     if not 0 <= ubatch < max(config.num_ubatches, 1):
         raise ConfigError(f"{where}.ubatch", f"{ubatch} is outside the "
                           f"{config.num_ubatches} microbatches")
-    return Fault(kind, rank, step, ubatch)
+    return Fault(kind, rank, step, ubatch, float(seconds))
 
 
 def scenario_from_dict(data: Any) -> Scenario:

@@ -75,13 +75,21 @@ def check_errors(records: Sequence[StepRecord | None]) -> Verdict:
         if not faulted:
             return _fail(name, f"rank {rec.rank}: {err.describe()}")
         if rec.injected_fault:
-            named = err.kind == "RuntimeError" and err.message.startswith("Microbatch ")
-            if not (named and err.cause and err.cause.startswith("InjectedFault")):
+            if not _names_the_fault(err):
                 return _fail(name, f"rank {rec.rank}: the injected fault surfaced as "
                              f"{err.describe()}")
-        elif not _timed_out(err):
+        elif not (_timed_out(err) or err.kind == "RankLost"):
             return _fail(name, f"rank {rec.rank} (a peer of the faulty rank): {err.describe()}")
-    return _ok(name)
+    contained = [f"rank {r.rank} {r.error.kind}" for r in present if r.error is not None]
+    return _ok(name, f"injected fault contained: {', '.join(contained)}" if contained else "")
+
+
+def _names_the_fault(err) -> bool:
+    """The fault itself, a killed rank, or a failed microbatch named by its id."""
+    if err.kind in ("InjectedFault", "RankKilled"):
+        return True
+    named = err.kind == "RuntimeError" and err.message.startswith("Microbatch ")
+    return named and (err.cause or "").startswith("InjectedFault")
 
 
 def _timed_out(err) -> bool:

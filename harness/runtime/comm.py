@@ -47,13 +47,23 @@ class CollectiveLog:
     Ranks must issue the same sequence; comparing logs across ranks is the fingerprint check.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, trace_path: str | None = None) -> None:
         self._calls: list[tuple[str, tuple[int, ...]]] = []
         self._lock = threading.Lock()
+        # A line per collective, flushed before it is issued: a hung rank's last line says
+        # which collective it is stuck in, read by the driver from outside.
+        self._trace = open(trace_path, "a", buffering=1) if trace_path else None  # noqa: SIM115
 
     def add(self, op: str, shape: tuple[int, ...]) -> None:
         with self._lock:
             self._calls.append((op, shape))
+            if self._trace is not None:
+                self._trace.write(f"#{len(self._calls) - 1} {op} {list(shape)}\n")
+
+    def note(self, text: str) -> None:
+        """A marker line in the trace (e.g. which step starts), not a collective."""
+        if self._trace is not None:
+            self._trace.write(f"-- {text}\n")
 
     def mark(self) -> int:
         with self._lock:

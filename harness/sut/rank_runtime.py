@@ -25,7 +25,7 @@ from harness.model.moe import MiniMoE, RequestSpec, StateCache, StepBuffers, ini
 from harness.runtime.comm import CollectiveLog, EagerAllToAll, LoggedAllToAll
 from harness.runtime.graphs import make_graph_backend
 from harness.runtime.streams import make_streams
-from harness.scenario import Fault, RankStep
+from harness.scenario import Fault, FaultKind, InjectedFault, RankStep
 from harness.sut.dp_sync import NUM_ROWS
 from harness.sut.graph_manager import GraphManager
 from harness.sut.step_plan import decide_on_rank, graph_table_for
@@ -38,13 +38,14 @@ def _rows(t: torch.Tensor) -> tuple[tuple[float, ...], ...]:
 
 class RankRuntime:
     def __init__(self, config: HarnessConfig, rank: int, group, *, device: str = "cpu",
-                 collective_timeout_s: float = 5.0, hang_timeout_s: float = 5.0) -> None:
+                 collective_timeout_s: float = 5.0, hang_timeout_s: float = 5.0,
+                 trace_path: str | None = None) -> None:
         self.config = config
         self.rank = rank
         self.group = group
         self.collective_timeout_s = collective_timeout_s
         self.streams = make_streams(device)
-        self.log = CollectiveLog()
+        self.log = CollectiveLog(trace_path)
         self.model = MiniMoE(config, rank, LoggedAllToAll(
             EagerAllToAll(group, collective_timeout_s), self.log))
         self.cache = StateCache(config.max_num_reqs, config.hidden_size)
@@ -54,6 +55,10 @@ class RankRuntime:
         backend = make_graph_backend(self.streams, collective_timeout_s)
         self.manager = GraphManager(config, self.table, self.streams, backend, self.runner,
                                     self.model, self.cache, self.log)
+
+    def reset_state(self) -> None:
+        """Back to the initial per-request state, for the next scenario on the same graphs."""
+        self.cache.state.copy_(initial_state(self.config, self.rank))
 
     def startup(self) -> StartupRecord:
         start = time.monotonic()
@@ -90,7 +95,13 @@ class RankRuntime:
         ran: tuple = ()  # the split the model actually ran (whose comm buffers hold the routes)
         outputs: torch.Tensor = torch.zeros(0)
         error = None
+        kinds = {f.kind for f in faults}
+        self.log.note(f"step {index}")
         try:
+            if FaultKind.SLOW_RANK in kinds:
+                time.sleep(max(f.seconds for f in faults if f.kind is FaultKind.SLOW_RANK))
+            if FaultKind.SKIP_SYNC in kinds:
+                raise InjectedFault(f"rank {self.rank} skipped the DP sync")
             self.log.add("all_reduce", (NUM_ROWS, self.config.dp_size))
             plan = decide_on_rank(self.group, self.config, self.rank, batch,
                                   self.collective_timeout_s)

@@ -22,12 +22,8 @@ from harness.model.moe import (
     prepare_microbatch,
 )
 from harness.runtime.ubatching import UBatchContext, UBatchRunner
-from harness.scenario import Fault, FaultKind
+from harness.scenario import Fault, FaultKind, InjectedFault
 from harness.sut.slicing import UbatchSlice, clamped_ubatch_slices
-
-
-class InjectedFault(RuntimeError):
-    """The error a scenario's fault makes a microbatch raise."""
 
 
 @dataclass(frozen=True)

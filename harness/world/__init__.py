@@ -1,1 +1,25 @@
-"""Worlds: where the ranks live (threads of one process now; torchrun processes later)."""
+"""Worlds: where the ranks live. `sim`: threads of this process with real gloo groups;
+`torchrun`: persistent processes launched by torchrun and fed by a driver."""
+
+from __future__ import annotations
+
+from harness.errors import ConfigError
+from harness.world.results import DEFAULT_TIMEOUTS, Timeouts
+
+WORLDS = ("sim", "torchrun")
+
+
+def open_world(kind: str, nproc: int, backend: str = "gloo",
+               timeouts: Timeouts = DEFAULT_TIMEOUTS):
+    """A world with `.run(scenario) -> ScenarioResult` and `.close() -> leftover pids`."""
+    if kind == "sim":
+        if backend != "gloo":
+            raise ConfigError("backend", "the sim world runs gloo only")
+        from harness.world.sim import SimWorld
+
+        return SimWorld(nproc, timeouts)
+    if kind == "torchrun":
+        from harness.world.torchrun import TorchrunWorld
+
+        return TorchrunWorld(nproc, backend, timeouts)
+    raise ConfigError("world", f"unknown world {kind!r} (one of {', '.join(WORLDS)})")

@@ -8,7 +8,8 @@ its gloo pairs are closed, so later steps would only report the same failure aga
 from __future__ import annotations
 
 from harness.check.checkers import check_startup
-from harness.scenario import Scenario
+from harness.errors import ConfigError
+from harness.scenario import FaultKind, Scenario
 from harness.sut.rank_runtime import RankRuntime
 from harness.world.results import (
     DEFAULT_TIMEOUTS,
@@ -22,6 +23,10 @@ from harness.world.threads import ThreadWorld
 
 
 def run_scenario(scenario: Scenario, timeouts: Timeouts = DEFAULT_TIMEOUTS) -> ScenarioResult:
+    killed = [i for i, f in enumerate(scenario.faults) if f.kind is FaultKind.KILL_RANK]
+    if killed:
+        raise ConfigError(f"faults[{killed[0]}].kind", "kill_rank needs the torchrun world "
+                          "(the sim world's ranks are threads of one process)")
     config = scenario.config
     requests = scenario.requests()
     steps = []
@@ -41,3 +46,20 @@ def run_scenario(scenario: Scenario, timeouts: Timeouts = DEFAULT_TIMEOUTS) -> S
                 if step_failed(records):
                     break
     return judge(scenario, startup, steps, timeouts)
+
+
+class SimWorld:
+    """The in-process world behind the same interface as the torchrun world."""
+
+    def __init__(self, nproc: int, timeouts: Timeouts = DEFAULT_TIMEOUTS) -> None:
+        self.nproc = nproc
+        self.timeouts = timeouts
+
+    def run(self, scenario: Scenario) -> ScenarioResult:
+        if scenario.config.dp_size != self.nproc:
+            raise ConfigError("dp_size", f"the scenario has {scenario.config.dp_size} ranks "
+                              f"but this world has {self.nproc}")
+        return run_scenario(scenario, self.timeouts)
+
+    def close(self) -> list[int]:
+        return []

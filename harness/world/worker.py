@@ -1,0 +1,140 @@
+"""A torchrun worker: one DP rank that lives across many scenarios, fed by the driver.
+
+    python -m torch.distributed.run --standalone --nproc-per-node N \\
+        -m harness.world.worker --control 127.0.0.1:PORT --driver-pid PID --trace-dir DIR
+
+It connects back to the driver, says hello (rank, pid), joins the process group, then runs
+every scenario it is sent, streaming its records back. It exits by itself when the driver
+or torchrun goes away, and dumps every thread's stack to DIR/stacks-RANK.txt on SIGUSR1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import torch.distributed as dist
+
+from harness.scenario import FaultKind, scenario_from_dict
+from harness.sut.rank_runtime import RankRuntime
+from harness.world import wire
+from harness.world.results import Timeouts
+
+WATCHDOG_PERIOD_S = 0.5
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _watch_parents(driver_pid: int) -> None:
+    """Exit at once when the driver or the torchrun agent is gone: never an orphan."""
+    agent = os.getppid()
+    while True:
+        if os.getppid() != agent or not _alive(driver_pid):
+            os._exit(3)
+        time.sleep(WATCHDOG_PERIOD_S)
+
+
+class Worker:
+    def __init__(self, rank: int, sock: socket.socket, group, trace_dir: Path) -> None:
+        self.rank = rank
+        self.sock = sock
+        self.group = group
+        self.trace_dir = trace_dir
+        self.runtimes: dict[tuple, tuple[RankRuntime, object]] = {}
+
+    def serve(self) -> None:
+        while True:
+            try:
+                message = wire.recv(self.sock)
+            except wire.ChannelClosed:
+                return
+            if message[0] == "exit":
+                return
+            if message[0] == "run":
+                self.run(message[1], Timeouts(**message[2]))
+
+    def _runtime(self, config, timeouts: Timeouts):
+        key = (config, timeouts)
+        if key not in self.runtimes:
+            runtime = RankRuntime(
+                config, self.rank, self.group, collective_timeout_s=timeouts.collective_s,
+                hang_timeout_s=timeouts.hang_s,
+                trace_path=str(self.trace_dir / f"collectives-{self.rank}.txt"))
+            self.runtimes[key] = (runtime, runtime.startup())
+        return self.runtimes[key]
+
+    def run(self, scenario_data: dict, timeouts: Timeouts) -> None:
+        scenario = scenario_from_dict(scenario_data)
+        runtime, startup = self._runtime(scenario.config, timeouts)
+        runtime.reset_state()
+        wire.send(self.sock, ("startup", startup))
+        if startup.error is None:
+            requests = scenario.requests()
+            for i, ranks in enumerate(scenario.steps):
+                faults = scenario.faults_at(i, self.rank)
+                if any(f.kind is FaultKind.KILL_RANK for f in faults):
+                    os.kill(os.getpid(), signal.SIGKILL)
+                record = runtime.step(i, requests[i][self.rank], ranks[self.rank], faults)
+                wire.send(self.sock, ("step", i, record))
+                if record.error is not None:
+                    break
+        wire.send(self.sock, ("done",))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="harness.world.worker")
+    parser.add_argument("--control", required=True)
+    parser.add_argument("--driver-pid", type=int, required=True)
+    parser.add_argument("--trace-dir", required=True)
+    parser.add_argument("--backend", default="gloo")
+    parser.add_argument("--collective-timeout", type=float, default=5.0)
+    args = parser.parse_args(argv)
+
+    rank = int(os.environ["RANK"])
+    trace_dir = Path(args.trace_dir)
+    threading.Thread(target=_watch_parents, args=(args.driver_pid,), daemon=True,
+                     name="parent-watchdog").start()
+    stacks = open(trace_dir / f"stacks-{rank}.txt", "w")  # noqa: SIM115 - lives as long as we do
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+
+    host, port = args.control.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=60)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    wire.send(sock, ("hello", rank, os.getpid()))
+    try:
+        dist.init_process_group(args.backend,
+                                timeout=timedelta(seconds=args.collective_timeout))
+        group = dist.group.WORLD
+        wire.send(sock, ("ready", rank))
+        Worker(rank, sock, group, trace_dir).serve()
+    except Exception:  # noqa: BLE001 - the driver reports it with the rank
+        try:
+            wire.send(sock, ("crash", rank, traceback.format_exc()))
+        except OSError:
+            pass
+        return 1
+    finally:
+        sock.close()
+    # A clean exit without destroying the group: peers may already be gone.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
