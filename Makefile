@@ -3,6 +3,7 @@
 SYSTEM_PYTHON ?= python3
 TORCH_PIN ?= torch==2.13.0
 NPROC ?= 2
+BACKEND ?= gloo
 PYTEST_WORKERS ?= 2
 
 HAVE_TORCH := $(shell $(SYSTEM_PYTHON) -c "import torch" >/dev/null 2>&1 && echo yes)
@@ -28,9 +29,10 @@ env: $(ENV_STAMP)
 test: $(ENV_STAMP)
 	$(PYTHON) -m pytest -q -n $(PYTEST_WORKERS) -m "not slow and not gpu" tests
 
-# The distributed suite on an NPROC-rank world (in-process gloo ranks for now).
+# The distributed suite on an NPROC-rank torchrun world: every regression scenario, a
+# Hypothesis pass over DP skew, the fault tests; ends with a table of every scenario run.
 test-dp: $(ENV_STAMP)
-	$(PYTHON) -m pytest -q -m dist --nproc $(NPROC) tests
+	$(PYTHON) -m pytest -q -m dist --world torchrun --nproc $(NPROC) --backend $(BACKEND) tests
 
 lint: $(ENV_STAMP)
 	$(PYTHON) -m ruff check .

@@ -14,8 +14,8 @@ from harness.config import HarnessConfig, config_kwargs, load_config_file, ubatc
 from harness.errors import ConfigError
 from harness.scenario import load_scenario
 from harness.sut.step_plan import StepPlan, decide_on_rank
+from harness.world import WORLDS, open_world
 from harness.world.results import StepResult, Timeouts
-from harness.world.sim import run_scenario
 from harness.world.threads import RankFailure, RankHang, ThreadWorld
 
 EXIT_OK, EXIT_FOUND, EXIT_BAD_INPUT = 0, 1, 2
@@ -173,7 +173,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario)
     timeouts = Timeouts(collective_s=args.collective_timeout, hang_s=args.hang_timeout,
                         step_deadline_s=args.deadline)
-    result = run_scenario(scenario, timeouts)
+    world = open_world(args.world, scenario.config.dp_size, args.backend, timeouts)
+    try:
+        result = world.run(scenario)
+    finally:
+        leftover = world.close()
+    if leftover:
+        print(f"error: processes of the world outlived it: {leftover}", file=sys.stderr)
     if args.json:
         print(json.dumps({
             "ok": result.ok,
@@ -222,8 +228,11 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a scenario on a world and print every checker's "
                          "verdict per step")
     run.add_argument("--scenario", required=True, metavar="FILE", help="JSON or TOML scenario")
-    run.add_argument("--world", choices=["sim"], default="sim",
-                     help="sim: ranks as threads of this process with real gloo groups")
+    run.add_argument("--world", choices=WORLDS, default="sim",
+                     help="sim: ranks as threads of this process with real gloo groups; "
+                     "torchrun: one process per rank, launched by torchrun")
+    run.add_argument("--backend", choices=["gloo", "nccl"], default="gloo",
+                     help="process-group backend (nccl: one GPU per rank)")
     run.add_argument("--json", action="store_true", help="print one JSON object")
     run.add_argument("--collective-timeout", type=float, default=5.0, metavar="S",
                      help="bound on every collective, seconds")

@@ -20,6 +20,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from harness.check.checkers import check_startup
 from harness.check.records import StartupRecord, StepError, StepRecord
 from harness.errors import ConfigError
 from harness.scenario import FaultKind, Scenario
@@ -29,6 +30,7 @@ from harness.world.results import (
     ScenarioResult,
     Timeouts,
     judge,
+    startup_lets_steps_run,
     step_failed,
 )
 
@@ -207,6 +209,8 @@ class TorchrunWorld:
                     deadline[rank] = time.monotonic() + self.timeouts.step_deadline_s + 5.0
                     if message[0] == "startup":
                         startup[rank] = message[1]
+                        if all(r is not None for r in startup):
+                            self._send_go(startup)
                     elif message[0] == "step":
                         index, record = message[1], message[2]
                         while len(steps) <= index:
@@ -225,6 +229,14 @@ class TorchrunWorld:
             self._record_lost(lost, steps)
         evidence = "\n".join(f"rank {r} {why}" for r, why in sorted(lost.items()))
         return startup, _up_to_first_failure(steps) if startup_complete else [], evidence
+
+    def _send_go(self, startup) -> None:
+        go = startup_lets_steps_run(check_startup(startup, self.timeouts.startup_deadline_s))
+        for sock in self._socks.values():
+            try:
+                wire.send(sock, ("steps", go))
+            except OSError:
+                pass  # a lost rank shows up in the collection loop
 
     def _why_lost(self, rank: int, scenario: Scenario, step: int) -> str:
         killed = any(f.kind is FaultKind.KILL_RANK and f.rank == rank for f in scenario.faults)

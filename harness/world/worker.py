@@ -85,7 +85,9 @@ class Worker:
         runtime, startup = self._runtime(scenario.config, timeouts)
         runtime.reset_state()
         wire.send(self.sock, ("startup", startup))
-        if startup.error is None:
+        # The driver says whether every rank's capture went well enough to run the steps.
+        go = wire.recv(self.sock)
+        if go == ("steps", True):
             requests = scenario.requests()
             for i, ranks in enumerate(scenario.steps):
                 faults = scenario.faults_at(i, self.rank)

@@ -1,0 +1,162 @@
+"""The torchrun world under faults: every fault ends as a named verdict within its deadline
+plus 10 s, no process of the world outlives it, and workers exit when the driver dies."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from harness.cli import EXIT_BAD_INPUT, main
+from harness.errors import ConfigError
+from harness.scenario import scenario_from_dict
+from harness.world.results import Timeouts
+from harness.world.torchrun import TorchrunWorld, check_backend
+
+pytestmark = pytest.mark.dist
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUTS = Timeouts(collective_s=2.0, hang_s=2.0, step_deadline_s=6.0)
+GRACE_S = 10.0
+SMALL = {"capture_sizes": [16, 32], "max_num_reqs": 32, "max_num_batched_tokens": 64,
+         "decode_threshold": 8, "prefill_threshold": 16}
+
+
+@pytest.fixture(scope="module")
+def faulty_world():
+    world = TorchrunWorld(2, timeouts=TIMEOUTS)
+    yield world
+    assert world.close() == []
+
+
+def scenario(faults: list, config: dict | None = None, steps: int = 2):
+    return scenario_from_dict({"name": faults[0]["kind"] if faults else "clean",
+                               "config": config or SMALL,
+                               "steps": [{"ranks": [20, 24]}] * steps, "faults": faults})
+
+
+def run_and_check_cleanup(world: TorchrunWorld, case):
+    if not world.alive:
+        world.start()
+    pids = world.worker_pids()
+    start = time.monotonic()
+    result = world.run(case)
+    elapsed = time.monotonic() - start
+    assert elapsed < TIMEOUTS.step_deadline_s + 5.0 + GRACE_S, f"took {elapsed:.1f} s"
+    if not world.alive:  # torn down after the failure: nothing of it may be left
+        assert not [p for p in pids if psutil.pid_exists(p)]
+    return result
+
+
+def verdicts(result) -> dict[str, str]:
+    return {v.checker: v.detail for s in result.steps for v in s.verdicts if not v.ok} | {
+        v.checker: v.detail for v in result.startup_verdicts if not v.ok}
+
+
+def test_a_killed_rank_is_named_and_the_world_is_rebuilt(faulty_world):
+    launches = faulty_world.launches
+    result = run_and_check_cleanup(faulty_world, scenario(
+        [{"kind": "kill_rank", "rank": 1, "step": 1}]))
+    assert "rank 1 was killed" in result.evidence
+    killed = result.steps[1].records[1]
+    assert killed.error.kind == "RankKilled"
+    assert result.steps[0].ok  # the step before the kill held
+    errors = next(v for v in result.steps[1].verdicts if v.checker == "errors")
+    assert errors.ok and "rank 1 RankKilled" in errors.detail
+    assert run_and_check_cleanup(faulty_world, scenario([])).ok
+    assert faulty_world.launches > launches
+
+
+def test_a_rank_that_skips_the_sync_leaves_its_peer_timing_out_not_hanging(faulty_world):
+    result = run_and_check_cleanup(faulty_world, scenario(
+        [{"kind": "skip_sync", "rank": 1, "step": 0}]))
+    records = result.steps[0].records
+    assert records[1].error.kind == "InjectedFault"
+    assert "CollectiveTimeout" in records[0].error.describe()
+    assert [s.ok for s in result.steps] == [True]
+
+
+def test_a_rank_slower_than_the_deadline_is_reported_as_a_hang_with_stacks(faulty_world):
+    result = run_and_check_cleanup(faulty_world, scenario(
+        [{"kind": "slow_rank", "rank": 0, "step": 0, "seconds": 60}]))
+    assert verdicts(result)["liveness"].startswith("ranks [0] still running")
+    assert "ranks [0] missed their deadline at step 0" in result.evidence
+    assert "rank 1 trace tail: -- step 0 | #" in result.evidence  # rank 1 waits in the sync
+    assert "--- rank 0 stacks ---" in result.evidence and "rank_runtime.py" in result.evidence
+
+
+def test_a_stock_microbatch_failure_is_a_named_hang_and_abortable_names_the_microbatch(
+        faulty_world):
+    config = dict(SMALL, cudagraph_mode="NONE", all2all_backend="deepep_high_throughput")
+    fault = [{"kind": "raise_in_ubatch", "rank": 0, "step": 0}]
+    stock = run_and_check_cleanup(faulty_world, scenario(fault, dict(config, protocol="stock")))
+    assert verdicts(stock)["liveness"].startswith("rank 0 hung: MicrobatchHang")
+    abortable = run_and_check_cleanup(faulty_world, scenario(fault, config))
+    assert abortable.ok
+    assert abortable.steps[0].records[0].error.describe().startswith(
+        "RuntimeError: Microbatch 0 of 2 failed")
+
+
+def test_rank_asymmetric_candidates_fail_capture_with_a_named_verdict(faulty_world):
+    config = dict(SMALL, threshold_offset_rank=1, threshold_offset=16)
+    result = run_and_check_cleanup(faulty_world, scenario([], config))
+    assert verdicts(result)["capture_symmetry"].startswith("ranks [1] plan other graphs")
+    assert result.steps == ()
+
+
+_DRIVER = """
+import sys, time
+from harness.world.torchrun import TorchrunWorld
+world = TorchrunWorld(2)
+world.start()
+print(" ".join(map(str, [world._proc.pid, *world.worker_pids()])), flush=True)
+time.sleep(600)
+"""
+
+
+def test_workers_and_torchrun_exit_by_themselves_when_the_driver_is_killed():
+    driver = subprocess.Popen([sys.executable, "-c", _DRIVER], cwd=ROOT, text=True,
+                              stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        line = driver.stdout.readline()
+        pids = [int(p) for p in line.split()]
+        assert len(pids) == 3, line
+        driver.send_signal(signal.SIGKILL)
+        driver.wait(timeout=10)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and any(_running(p) for p in pids):
+            time.sleep(0.2)
+        assert not [p for p in pids if _running(p)]
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_nccl_with_fewer_gpus_than_ranks_is_one_line_and_exit_2(capsys, tmp_path):
+    import torch
+
+    if torch.cuda.device_count() >= 2:
+        pytest.skip("enough GPUs for a 2-rank nccl world")
+    with pytest.raises(ConfigError) as error:
+        check_backend("nccl", 2)
+    assert error.value.field == "nproc"
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"config": SMALL, "steps": [{"ranks": [20, 24]}]}))
+    assert main(["run", "--scenario", str(path), "--world", "torchrun",
+                 "--backend", "nccl"]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: nproc: 2 ranks need 2 GPUs for nccl")
