@@ -15,7 +15,7 @@ PYTHON := .venv/bin/python
 ENV_STAMP := .venv/.installed
 endif
 
-.PHONY: env test test-dp lint decide-example clean
+.PHONY: env test test-dp bench lint clean
 
 env: $(ENV_STAMP)
 
@@ -33,6 +33,11 @@ test: $(ENV_STAMP)
 # Hypothesis pass over DP skew, the fault tests; ends with a table of every scenario run.
 test-dp: $(ENV_STAMP)
 	$(PYTHON) -m pytest -q -m dist --world torchrun --nproc $(NPROC) --backend $(BACKEND) tests
+
+# Examples per second through the persistent 2-rank torchrun world, against a fresh torchrun
+# job per example and against the bare collectives of a step; prints one table.
+bench: $(ENV_STAMP)
+	$(PYTHON) -m harness.bench
 
 lint: $(ENV_STAMP)
 	$(PYTHON) -m ruff check .

@@ -38,35 +38,47 @@ def reference_step(config: HarnessConfig, weights: MoEWeights,
     routes: list[Counter[Route]] = [Counter() for _ in range(config.dp_size)]
     for rank, requests in enumerate(batches):
         state = initial_states[rank].clone()
-        rows = []
-        token_index = 0
-        for req in requests:
-            cached = state[req.slot].clone()
-            seen = torch.zeros(config.hidden_size, dtype=DTYPE)
-            for pos, tid in zip(req.positions(), req.token_ids, strict=True):
-                emb = w.embedding[tid]
-                context = cached + seen
-                hidden = (emb + torch.sin(pos * w.pos_freq)
-                          + torch.tanh((context @ w.state_proj) / (pos + 1)))
-                rows.append(hidden + _moe(config, w, hidden, rank, token_index, routes))
-                seen = seen + emb
-                token_index += 1
-            state[req.slot] = cached + seen
-        outputs.append(torch.stack(rows) if rows else torch.zeros(0, config.hidden_size,
-                                                                     dtype=DTYPE))
+        hidden = _attention(config, w, requests, state)
+        outputs.append(hidden + _moe(config, w, hidden, rank, routes))
         states.append(state)
     return ReferenceStep(outputs, states, routes)
 
 
+def _attention(config: HarnessConfig, w: MoEWeights, requests: Sequence[RequestSpec],
+               state: torch.Tensor) -> torch.Tensor:
+    """Each token reads its request's cached state plus the embeddings of the request's
+    earlier tokens, scaled by its position; then each request's state absorbs its tokens."""
+    if not requests:
+        return torch.zeros(0, config.hidden_size, dtype=DTYPE)
+    lens = torch.tensor([r.query_len for r in requests])
+    owner = torch.repeat_interleave(torch.arange(len(requests)), lens)  # request of each token
+    emb = w.embedding[[t for r in requests for t in r.token_ids]]
+    before = emb.cumsum(0) - emb
+    first = lens.cumsum(0) - lens  # each request's first token
+    seen = before - before[first][owner]
+    slots = torch.tensor([r.slot for r in requests])[owner]
+    pos = torch.tensor([p for r in requests for p in r.positions()], dtype=DTYPE).unsqueeze(1)
+    context = state[slots] + seen
+    hidden = (emb + torch.sin(pos * w.pos_freq)
+              + torch.tanh((context @ w.state_proj) / (pos + 1)))
+    state.index_add_(0, slots, emb)
+    return hidden
+
+
 def _moe(config: HarnessConfig, w: MoEWeights, hidden: torch.Tensor, rank: int,
-         token_index: int, routes: list[Counter[Route]]) -> torch.Tensor:
-    logits = hidden @ w.router
-    values, ids = logits.topk(config.top_k)
-    gates = torch.softmax(values, dim=0)
+         routes: list[Counter[Route]]) -> torch.Tensor:
+    """Every token to its top-k experts, called directly; no buffers, no all-to-all."""
+    values, ids = (hidden @ w.router).topk(config.top_k, dim=-1)
+    gates = torch.softmax(values, dim=-1)
     out = torch.zeros_like(hidden)
-    for gate, expert in zip(gates, ids.tolist(), strict=True):
-        routes[expert // config.experts_per_rank][(rank, token_index, expert)] += 1
-        out = out + gate * expert_mlp(hidden, w.w1[expert], w.w2[expert])
+    for token, experts in enumerate(ids.tolist()):
+        for expert in experts:
+            routes[expert // config.experts_per_rank][(rank, token, expert)] += 1
+    for expert in set(ids.flatten().tolist()):
+        chosen = ids == expert  # [T, k]
+        rows = chosen.any(dim=1)
+        gate = (gates * chosen).sum(dim=1, keepdim=True)[rows]
+        out[rows] += gate * expert_mlp(hidden[rows], w.w1[expert], w.w2[expert])
     return out
 
 

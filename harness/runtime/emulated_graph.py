@@ -193,6 +193,7 @@ class EmulatedGraph(LifecycleGraph):
     def __init__(self, collective_timeout_s: float | None = None) -> None:
         super().__init__()
         self._ops: list[RecordedOp] = []
+        self._compiled: list | None = None  # built at the first replay, after capture ended
         self.collective_timeout_s = collective_timeout_s
 
     @property
@@ -216,9 +217,11 @@ class EmulatedGraph(LifecycleGraph):
 
     def replay(self) -> None:
         self._lifecycle.check_replayable()
+        if self._compiled is None:
+            self._compiled = [op.compile(self.collective_timeout_s) for op in self._ops]
         with torch.no_grad():
-            for op in self._ops:
-                op.replay(self.collective_timeout_s)
+            for run in self._compiled:
+                run()
 
 
 class EmulatedPool:

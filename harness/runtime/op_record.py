@@ -7,6 +7,7 @@ size after it was recorded, and replay must see the tensor as it was.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -24,6 +25,17 @@ ALLOCATION_ONLY_OPS = frozenset({
     torch.ops.aten.new_empty.default,
     torch.ops.aten.new_empty_strided.default,
 })
+
+
+# In-place ops that change their argument's size, stride or storage rather than its data.
+METADATA_MUTATING_OPS = frozenset({
+    "squeeze_", "unsqueeze_", "transpose_", "t_", "as_strided_", "resize_", "resize_as_",
+    "swapdims_", "swapaxes_", "set_", "detach_",
+})
+
+
+def _nothing() -> None:
+    return None
 
 
 @dataclass(frozen=True, eq=False)
@@ -99,18 +111,43 @@ class RecordedOp:
 
     def replay(self, collective_timeout_s: float | None) -> None:
         """Issue the op again on the recorded memory; fresh results go where they went."""
+        self.compile(collective_timeout_s)()
+
+    def compile(self, collective_timeout_s: float | None) -> Callable[[], None]:
+        """The replay of this op as a closure over views built once.
+
+        The views are this closure's own tensor objects on the recorded storage, so only an
+        op that changes its own argument's metadata in place needs them rebuilt each time.
+        """
         if self.op in ALLOCATION_ONLY_OPS:
-            return
-        leaves = [leaf.view() if isinstance(leaf, TensorSlot) else leaf
-                  for leaf in self.arg_leaves]
-        args, kwargs = tree_unflatten(leaves, self.arg_spec)
-        out_leaves, _ = tree_flatten(self.op(*args, **kwargs))
-        # A collective writes its outputs asynchronously: wait before anything reads them.
-        for leaf in out_leaves:
-            _wait_if_work(leaf, collective_timeout_s)
-        for leaf, slot in zip(out_leaves, self.result_leaves, strict=True):
-            if isinstance(slot, TensorSlot) and not slot.holds(leaf):
-                slot.view().copy_(leaf)
+            return _nothing
+        op, spec, leaves = self.op, self.arg_spec, self.arg_leaves
+
+        def build_args():
+            return tree_unflatten([leaf.view() if isinstance(leaf, TensorSlot) else leaf
+                                   for leaf in leaves], spec)
+
+        rebuild = op._opname in METADATA_MUTATING_OPS
+        args, kwargs = build_args()
+        targets = [slot.view() if isinstance(slot, TensorSlot) else None
+                   for slot in self.result_leaves]
+        collective = self.is_collective
+
+        def run() -> None:
+            nonlocal args, kwargs
+            if rebuild:
+                args, kwargs = build_args()
+            out_leaves, _ = tree_flatten(op(*args, **kwargs))
+            if collective:
+                # A collective writes its outputs asynchronously: wait before reading them.
+                for leaf in out_leaves:
+                    _wait_if_work(leaf, collective_timeout_s)
+            for leaf, target in zip(out_leaves, targets, strict=True):
+                if target is not None and leaf.untyped_storage().data_ptr() != \
+                        target.untyped_storage().data_ptr():
+                    target.copy_(leaf)
+
+        return run
 
 
 def record_op(op: torch._ops.OpOverload, arg_slots: tuple[Any, ...], arg_spec: TreeSpec,

@@ -1,0 +1,122 @@
+"""`make bench`: examples per second through the 2-rank torchrun world, three ways, one table.
+
+- persistent: one world fed every example (sync, pad, replay or eager microbatched step with
+  real all-to-alls, records back to the driver, reference and checkers);
+- spawn per example: a fresh torchrun job for each example, as spawn-per-test harnesses do;
+- collective floor: a torchrun job looping only the collectives one such step issues.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from harness.scenario import Scenario, scenario_from_dict
+from harness.world.results import Timeouts
+from harness.world.torchrun import TorchrunWorld, _pythonpath
+
+CONFIG = {"capture_sizes": [16, 32, 64], "max_num_reqs": 64, "max_num_batched_tokens": 64,
+          "decode_threshold": 8, "prefill_threshold": 32}
+
+
+@dataclass(frozen=True)
+class Row:
+    mode: str
+    examples: int
+    seconds: float
+    note: str = ""
+
+    @property
+    def per_second(self) -> float:
+        return self.examples / self.seconds if self.seconds else 0.0
+
+    @property
+    def ms_per_example(self) -> float:
+        return 1000 * self.seconds / self.examples if self.examples else 0.0
+
+
+def decode_examples(count: int, seed: int = 0) -> list[Scenario]:
+    """Decode-sized one-step examples: every rank 1..64 single-token requests."""
+    rng = random.Random(seed)
+    return [scenario_from_dict({"name": f"bench-{i}", "config": CONFIG,
+                                "steps": [{"ranks": [rng.randint(1, 64), rng.randint(1, 64)]}]})
+            for i in range(count)]
+
+
+def persistent(examples: list[Scenario]) -> tuple[Row, dict[str, float]]:
+    with TorchrunWorld(2, timeouts=Timeouts()) as world:
+        world.start()
+        world.run(examples[0])  # capture happens once per config
+        kinds: dict[str, int] = {}
+        worker_s = []
+        start = time.perf_counter()
+        for example in examples:
+            result = world.run(example)
+            assert result.ok, result.failed_verdicts()
+            records = result.steps[0].records
+            worker_s.append(max(r.seconds for r in records))
+            kind = records[0].executed
+            kinds[kind] = kinds.get(kind, 0) + 1
+        elapsed = time.perf_counter() - start
+    mix = ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
+    return (Row("persistent world", len(examples), elapsed, mix),
+            {"rank step (ms, median)": 1000 * statistics.median(worker_s)})
+
+
+def spawn_per_example(examples: list[Scenario]) -> Row:
+    start = time.perf_counter()
+    for example in examples:
+        with TorchrunWorld(2, timeouts=Timeouts()) as world:
+            assert world.run(example).ok
+    return Row("fresh torchrun job per example", len(examples), time.perf_counter() - start)
+
+
+def collective_floor(iterations: int) -> Row:
+    """The same collectives as a microbatched step, alone, in a 2-rank torchrun job."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           "-m", "harness.bench_floor", str(iterations)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                         env={**_env(), "PYTHONPATH": _pythonpath()})
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode or not lines:
+        raise RuntimeError(f"floor job failed:\n{out.stdout[-2000:]}{out.stderr[-2000:]}")
+    seconds = json.loads(lines[-1])["seconds"]
+    return Row("collective floor (sync + 4 all-to-alls)", iterations, seconds)
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    return dict(os.environ, OMP_NUM_THREADS="1")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.bench")
+    parser.add_argument("--examples", type=int, default=400)
+    parser.add_argument("--spawned", type=int, default=5)
+    args = parser.parse_args(argv)
+
+    examples = decode_examples(args.examples)
+    floor = collective_floor(args.examples)
+    steady, extra = persistent(examples)
+    spawned = spawn_per_example(examples[:args.spawned])
+    rows = [steady, spawned, floor]
+    print(f"{'mode':42} {'examples':>8} {'seconds':>8} {'examples/s':>10} {'ms/example':>10} "
+          f"{'x floor':>8}  mix")
+    for row in rows:
+        print(f"{row.mode:42} {row.examples:>8} {row.seconds:8.2f} {row.per_second:10.1f} "
+              f"{row.ms_per_example:10.2f} {row.ms_per_example / floor.ms_per_example:8.1f}  "
+              f"{row.note}")
+    for name, value in extra.items():
+        print(f"{name}: {value:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

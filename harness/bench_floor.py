@@ -1,0 +1,52 @@
+"""The collective floor of `make bench`: run under torchrun with 2 ranks; loops the
+collectives of one microbatched decode step (the DP sync all-reduce and the dispatch and
+combine all-to-alls of two microbatches) and prints the seconds on rank 0."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from harness.bench import CONFIG
+from harness.config import HarnessConfig
+from harness.model.moe import NUM_PROVENANCE_COLS
+from harness.runtime.comm import EagerAllToAll, all_reduce_sum
+
+
+def main() -> int:
+    iterations = int(sys.argv[1])
+    dist.init_process_group("gloo", timeout=timedelta(seconds=30))
+    group = dist.group.WORLD
+    config = HarnessConfig(**CONFIG)
+    size = dist.get_world_size()
+    rows = size * (config.max_num_batched_tokens * config.top_k + 1)
+    width = config.hidden_size + NUM_PROVENANCE_COLS
+    send = torch.zeros(rows, width, dtype=torch.float64)
+    recv = torch.zeros_like(send)
+    matrix = torch.zeros(6, size, dtype=torch.int32)
+    exchange = EagerAllToAll(group, 30.0)
+
+    def one_step() -> None:
+        all_reduce_sum(group, matrix, 30.0)
+        for _ in range(4):  # dispatch and combine of two microbatches
+            exchange(recv, send)()
+
+    for _ in range(10):
+        one_step()
+    start = time.perf_counter()
+    for _ in range(iterations):
+        one_step()
+    elapsed = time.perf_counter() - start
+    if dist.get_rank() == 0:
+        print(json.dumps({"seconds": elapsed, "iterations": iterations}), flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
