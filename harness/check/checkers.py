@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import torch
+
 from harness.check.agreement import first_disagreement
 from harness.check.records import Rows, StartupRecord, StepRecord
 
@@ -154,10 +156,15 @@ def check_no_empty_region(records: Sequence[StepRecord]) -> Verdict:
 
 
 def _first_difference(got: Rows, want: Rows) -> int | None:
-    for i, (g, w) in enumerate(zip(got, want, strict=False)):
-        if any(abs(a - b) > TOLERANCE for a, b in zip(g, w, strict=True)):
-            return i
-    return None if len(got) == len(want) else min(len(got), len(want))
+    """The first row index where `got` and `want` differ (or where one runs out)."""
+    n = min(len(got), len(want))
+    if n:
+        a = torch.tensor(got[:n], dtype=torch.float64)
+        b = torch.tensor(want[:n], dtype=torch.float64)
+        bad = ((a - b).abs() > TOLERANCE).any(dim=1).nonzero()
+        if len(bad):
+            return int(bad[0])
+    return None if len(got) == len(want) else n
 
 
 def check_reference(records: Sequence[StepRecord], reference: ReferenceRows) -> Verdict:
