@@ -236,8 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print one JSON object")
     run.add_argument("--collective-timeout", type=float, default=5.0, metavar="S",
                      help="bound on every collective, seconds")
-    run.add_argument("--hang-timeout", type=float, default=5.0, metavar="S",
-                     help="a microbatch waiting this long for its turn is a hang")
+    run.add_argument("--hang-timeout", type=float, default=10.0, metavar="S",
+                     help="a microbatch waiting this long for its turn is a hang (must "
+                     "exceed the collective timeout)")
     run.add_argument("--deadline", type=float, default=30.0, metavar="S",
                      help="bound on one step of one rank, seconds")
     run.set_defaults(func=cmd_run)

@@ -16,7 +16,7 @@ from harness.world.results import Timeouts
 from harness.world.sim import run_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
-FAST = Timeouts(collective_s=2.0, hang_s=2.0, step_deadline_s=15.0)
+FAST = Timeouts(collective_s=2.0, hang_s=4.0, step_deadline_s=15.0)
 SMALL = {"capture_sizes": [16, 32], "max_num_reqs": 32, "max_num_batched_tokens": 64,
          "decode_threshold": 8, "prefill_threshold": 16}
 

@@ -23,7 +23,7 @@ from harness.world.torchrun import TorchrunWorld, check_backend
 pytestmark = pytest.mark.dist
 
 ROOT = Path(__file__).resolve().parents[1]
-TIMEOUTS = Timeouts(collective_s=2.0, hang_s=2.0, step_deadline_s=6.0)
+TIMEOUTS = Timeouts(collective_s=2.0, hang_s=4.0, step_deadline_s=8.0)
 GRACE_S = 10.0
 SMALL = {"capture_sizes": [16, 32], "max_num_reqs": 32, "max_num_batched_tokens": 64,
          "decode_threshold": 8, "prefill_threshold": 16}
@@ -107,7 +107,9 @@ def test_a_stock_microbatch_failure_is_a_named_hang_and_abortable_names_the_micr
 def test_rank_asymmetric_candidates_fail_capture_with_a_named_verdict(faulty_world):
     config = dict(SMALL, threshold_offset_rank=1, threshold_offset=16)
     result = run_and_check_cleanup(faulty_world, scenario([], config))
-    assert verdicts(result)["capture_symmetry"].startswith("ranks [1] plan other graphs")
+    found = verdicts(result)
+    assert "capture_symmetry" in found, (found, result.evidence, result.startup)
+    assert found["capture_symmetry"].startswith("ranks [1] plan other graphs")
     assert result.steps == ()
 
 

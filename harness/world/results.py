@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from harness.check.checkers import ReferenceRows, Verdict, check_startup, check_step
 from harness.check.records import StartupRecord, StepRecord
+from harness.errors import ConfigError
 from harness.model.moe import MoEWeights, initial_state
 from harness.model.reference import reference_step
 from harness.scenario import Scenario
@@ -19,8 +20,18 @@ STEPS_RUN_AFTER = ("graphs_reachable", "graphs_capture_work", "capture_symmetry"
 @dataclass(frozen=True)
 class Timeouts:
     collective_s: float = 5.0  # gloo group timeout and every all-to-all wait
-    hang_s: float = 5.0  # a microbatch waiting this long for its turn is a hang
-    step_deadline_s: float = 20.0  # a rank's whole step
+    hang_s: float = 10.0  # a microbatch waiting this long for its turn is a hang
+    step_deadline_s: float = 30.0  # a rank's whole step
+
+    def __post_init__(self) -> None:
+        # A microbatch waits for its turn while its sibling may sit in a collective that is
+        # about to time out: the turn wait must outlast it, or a clean failure reads as a hang.
+        if self.hang_s <= self.collective_s:
+            raise ConfigError("hang_timeout", f"{self.hang_s} s must exceed the collective "
+                              f"timeout {self.collective_s} s")
+        if self.step_deadline_s <= self.hang_s + self.collective_s:
+            raise ConfigError("deadline", f"{self.step_deadline_s} s must exceed the hang plus "
+                              f"collective timeouts ({self.hang_s + self.collective_s} s)")
 
     @property
     def startup_deadline_s(self) -> float:

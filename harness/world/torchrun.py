@@ -204,7 +204,7 @@ class TorchrunWorld:
                         message = wire.recv(key.fileobj, timeout_s=self.timeouts.collective_s)
                     except (wire.ChannelClosed, TimeoutError):
                         selector.unregister(key.fileobj)
-                        lost[rank] = self._why_lost(rank, scenario, len(steps))
+                        lost[rank] = self._why_lost(rank, scenario)
                         continue
                     deadline[rank] = time.monotonic() + self.timeouts.step_deadline_s + 5.0
                     if message[0] == "startup":
@@ -238,7 +238,7 @@ class TorchrunWorld:
             except OSError:
                 pass  # a lost rank shows up in the collection loop
 
-    def _why_lost(self, rank: int, scenario: Scenario, step: int) -> str:
+    def _why_lost(self, rank: int, scenario: Scenario) -> str:
         killed = any(f.kind is FaultKind.KILL_RANK and f.rank == rank for f in scenario.faults)
         return ("was killed (injected kill_rank)" if killed
                 else "lost its process (ended by torchrun after a peer died, or crashed)")
