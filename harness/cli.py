@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -12,6 +13,7 @@ from harness.batch import RankBatch, validate_batches
 from harness.check.agreement import first_disagreement
 from harness.config import HarnessConfig, config_kwargs, load_config_file, ubatching_fields
 from harness.errors import ConfigError
+from harness.gen.exhaustive import explore
 from harness.scenario import load_scenario
 from harness.sut.step_plan import StepPlan, decide_on_rank
 from harness.world import WORLDS, open_world
@@ -206,6 +208,28 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK if result.ok else EXIT_FOUND
 
 
+def cmd_exhaustive(args: argparse.Namespace) -> int:
+    config = config_from_args(args, dp_size=args.nproc)
+    start = time.perf_counter()
+    result = explore(config, args.max_tokens)
+    seconds = time.perf_counter() - start
+    found = [{"checker": c.checker, "tokens": list(c.tokens), "detail": c.detail}
+             for c in result.counterexamples]
+    if args.json:
+        print(json.dumps({"found": bool(found), "vectors": result.vectors,
+                          "max_tokens": result.max_tokens, "seconds": round(seconds, 3),
+                          "counterexamples": found}))
+    else:
+        print(f"{result.vectors} token vectors of {config.dp_size} ranks up to "
+              f"{result.max_tokens} tokens in {seconds:.1f} s")
+        for c in found:
+            print(f"  {c['checker']}: tokens {c['tokens']}: {c['detail']}")
+        print("no structural invariant broken" if not found else
+              f"replay one with `python -m harness decide --tokens "
+              f"{','.join(map(str, found[0]['tokens']))}` and the same config flags")
+    return EXIT_FOUND if found else EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _OneLineParser(prog="python -m harness", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
@@ -242,6 +266,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--deadline", type=float, default=30.0, metavar="S",
                      help="bound on one step of one rank, seconds")
     run.set_defaults(func=cmd_run)
+
+    exhaustive = sub.add_parser("exhaustive", help="every uniform-decode token vector of a "
+                                "small world through the decision layer and structural checkers")
+    exhaustive.add_argument("--nproc", type=int, default=2, metavar="N", help="DP size")
+    exhaustive.add_argument("--max-tokens", type=int, default=512, metavar="N",
+                            help="largest token count per rank")
+    exhaustive.add_argument("--json", action="store_true", help="print one JSON object")
+    add_config_flags(exhaustive)
+    exhaustive.set_defaults(func=cmd_exhaustive)
     return parser
 
 

@@ -1,0 +1,82 @@
+"""Exhaustive mode: every per-rank decode token vector of a small world, through the decision
+layer and the structural checkers, with the smallest counterexample of each failure class.
+
+The decision of a step depends on each rank's own batch and the gathered matrix, so each
+rank's column is computed once per token count; with a rank-symmetric config a vector and
+its permutations decide the same, so only sorted vectors are visited.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from harness.batch import RankBatch
+from harness.check.agreement import first_disagreement
+from harness.config import HarnessConfig
+from harness.sut.dp_sync import decide_from_matrix, local_column
+from harness.sut.step_plan import StepPlan, graph_table_for, plan_step
+
+
+@dataclass(frozen=True)
+class Counterexample:
+    checker: str
+    tokens: tuple[int, ...]
+    detail: str
+
+
+@dataclass(frozen=True)
+class ExhaustiveResult:
+    config: HarnessConfig
+    max_tokens: int
+    vectors: int
+    counterexamples: tuple[Counterexample, ...]  # the first (smallest) one of each class
+
+    @property
+    def ok(self) -> bool:
+        return not self.counterexamples
+
+
+def token_vectors(config: HarnessConfig, max_tokens: int) -> Iterator[tuple[int, ...]]:
+    counts = range(max_tokens + 1)
+    if config.threshold_offset_rank is None:
+        return itertools.combinations_with_replacement(counts, config.dp_size)
+    return itertools.product(counts, repeat=config.dp_size)
+
+
+def structural_failures(plans: list[StepPlan]) -> list[tuple[str, str]]:
+    """What the checkers that need no execution say about one step's plans."""
+    failures = []
+    disagreement = first_disagreement(plans)
+    if disagreement is not None:
+        failures.append(("agreement", disagreement.describe()))
+    for plan in plans:
+        if plan.kind == "full-microbatched":
+            empty = [i for i, r in enumerate(plan.regions) if r.real_tokens == 0]
+            if empty:
+                failures.append(("no_empty_region", f"rank {plan.rank} replays "
+                                 f"{plan.desc.label()} with empty region(s) {empty}"))
+                break
+    return failures
+
+
+def explore(config: HarnessConfig, max_tokens: int) -> ExhaustiveResult:
+    """Every uniform-decode step of up to `max_tokens` tokens per rank (and at most
+    max_num_reqs requests); idle ranks included."""
+    limit = min(max_tokens, config.max_num_reqs, config.max_num_batched_tokens)
+    tables = [graph_table_for(config, rank) for rank in range(config.dp_size)]
+    batches = [RankBatch.uniform(n, 1) for n in range(limit + 1)]
+    columns = [[local_column(t, b) for b in batches] for t in tables]
+    found: dict[str, Counterexample] = {}
+    vectors = 0
+    for tokens in token_vectors(config, limit):
+        vectors += 1
+        rows = [list(row) for row in zip(*(columns[r][n] for r, n in enumerate(tokens)),
+                                         strict=True)]
+        plans = [plan_step(rank, batches[n],
+                           decide_from_matrix(config, tables[rank], rows, batches[n]))
+                 for rank, n in enumerate(tokens)]
+        for checker, detail in structural_failures(plans):
+            found.setdefault(checker, Counterexample(checker, tuple(tokens), detail))
+    return ExhaustiveResult(config, limit, vectors, tuple(found.values()))
