@@ -7,13 +7,12 @@ has a counterpart there (dbo-reference section 1); the variant switches select k
 from __future__ import annotations
 
 import enum
-import json
-import tomllib
 from dataclasses import dataclass, fields, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from harness.data_file import read_data_file
 from harness.errors import ConfigError
 
 
@@ -300,16 +299,7 @@ def ubatching_fields(num_ubatches: Any) -> dict[str, Any]:
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """Read a JSON or TOML file of config fields (by extension; JSON otherwise)."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError("config", f"cannot read {path}: {exc.strerror}") from None
-    try:
-        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError("config", f"{path} is not valid {path.suffix.lstrip('.') or 'JSON'}: "
-                          f"{exc}") from None
+    data = read_data_file(path, "config")
     if isinstance(data, dict) and isinstance(data.get("config"), dict):
         data = data["config"]
     if not isinstance(data, dict):

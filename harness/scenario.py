@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import enum
 import json
-import tomllib
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from harness.batch import RankBatch, validate_batches
 from harness.config import HarnessConfig, config_kwargs
+from harness.data_file import read_data_file
 from harness.errors import ConfigError
 from harness.model.moe import DEFAULT_VOCAB, RequestSpec
 
@@ -256,19 +255,4 @@ def scenario_from_dict(data: Any) -> Scenario:
 
 
 def load_scenario(path: str | Path) -> Scenario:
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError("scenario", f"cannot read {path}: {exc.strerror}") from None
-    try:
-        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError("scenario", f"{path} is not valid {path.suffix.lstrip('.') or 'JSON'}"
-                          f": {exc}") from None
-    return scenario_from_dict(data)
-
-
-def scenario_of(config: HarnessConfig, steps: Sequence[Sequence[RankStep]],
-                **kwargs: Any) -> Scenario:
-    return Scenario(config, tuple(tuple(s) for s in steps), **kwargs)
+    return scenario_from_dict(read_data_file(path, "scenario"))
