@@ -15,7 +15,10 @@ PYTHON := .venv/bin/python
 ENV_STAMP := .venv/.installed
 endif
 
-.PHONY: env test test-dp bench lint clean
+FUZZ_SECONDS ?= 60
+FUZZ_LOG ?= .harness/fuzz-log.jsonl
+
+.PHONY: env test test-dp fuzz report bench lint clean
 
 env: $(ENV_STAMP)
 
@@ -34,6 +37,18 @@ test: $(ENV_STAMP)
 test-dp: $(ENV_STAMP)
 	$(PYTHON) -m pytest -q -m dist --world torchrun --nproc $(NPROC) --backend $(BACKEND) tests
 
+# The fuzzer's self-check on an NPROC-rank torchrun world: every planted bug must be found
+# and shrunk from an empty example database within FUZZ_SECONDS, and the reference must stay
+# clean; then the report (JUnit XML, verdict JSON, markdown, decision maps) goes to report/.
+fuzz: $(ENV_STAMP)
+	rm -f $(FUZZ_LOG)
+	$(PYTHON) -m harness fuzz --variant all --world torchrun --nproc $(NPROC) \
+		--seconds $(FUZZ_SECONDS) --no-database --log $(FUZZ_LOG); \
+	status=$$?; $(PYTHON) -m harness report --log $(FUZZ_LOG) --out report; exit $$status
+
+report: $(ENV_STAMP)
+	$(PYTHON) -m harness report --log $(FUZZ_LOG) --out report
+
 # Examples per second through the persistent 2-rank torchrun world, against a fresh torchrun
 # job per example and against the bare collectives of a step; prints one table.
 bench: $(ENV_STAMP)
@@ -43,4 +58,4 @@ lint: $(ENV_STAMP)
 	$(PYTHON) -m ruff check .
 
 clean:
-	rm -rf .venv .pytest_cache .ruff_cache .hypothesis
+	rm -rf .venv .pytest_cache .ruff_cache .hypothesis .harness report

@@ -3,20 +3,15 @@ and a summary table of every scenario a world ran."""
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import settings
 
 from harness.errors import ConfigError
+from harness.fuzz.profiles import profile_from_environment
 
-settings.register_profile("dev", max_examples=60, deadline=None)
-settings.register_profile("ci", max_examples=100, deadline=None, derandomize=True,
-                          print_blob=True, suppress_health_check=[HealthCheck.too_slow])
-settings.register_profile("nightly", max_examples=5000, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+settings.load_profile(profile_from_environment())
 
 _SUMMARY: list[tuple[str, int, int, bool, str, float]] = []
 
@@ -58,18 +53,35 @@ class _SummarisedWorld:
         return result
 
 
-@pytest.fixture(scope="session")
-def world(request: pytest.FixtureRequest, nproc: int):
-    """One world per session (per xdist worker): built once, rebuilt by itself on failure."""
+def _session_world(request: pytest.FixtureRequest, nproc: int, timeouts):
     from harness.world import open_world
 
     kind = request.config.getoption("--world")
     backend = request.config.getoption("--backend")
     try:
-        inner = open_world(kind, nproc, backend)
+        return open_world(kind, nproc, backend, timeouts)
     except ConfigError as exc:
         pytest.skip(f"{kind} world with {backend} cannot run here: {exc}")
+
+
+@pytest.fixture(scope="session")
+def world(request: pytest.FixtureRequest, nproc: int):
+    """One world per session (per xdist worker): built once, rebuilt by itself on failure."""
+    from harness.world.results import DEFAULT_TIMEOUTS
+
+    inner = _session_world(request, nproc, DEFAULT_TIMEOUTS)
     yield _SummarisedWorld(inner)
+    leftover = inner.close()
+    assert not leftover, f"processes of the world outlived it: {leftover}"
+
+
+@pytest.fixture(scope="session")
+def fuzz_world(request: pytest.FixtureRequest, nproc: int):
+    """The session's kind of world with the fuzzer's short timeouts (hangs cost seconds)."""
+    from harness.fuzz.engine import FUZZ_TIMEOUTS
+
+    inner = _session_world(request, nproc, FUZZ_TIMEOUTS)
+    yield inner
     leftover = inner.close()
     assert not leftover, f"processes of the world outlived it: {leftover}"
 

@@ -1,4 +1,5 @@
-"""`make bench`: examples per second through the 2-rank torchrun world, three ways, one table.
+"""`make bench`: examples per second through the 2-rank torchrun world, three ways, one table;
+then the fuzzer's time to detection of every planted bug, per world.
 
 - persistent: one world fed every example (sync, pad, replay or eager microbatched step with
   real all-to-alls, records back to the driver, reference and checkers);
@@ -17,6 +18,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from harness.bench_detection import detection_rows, print_detection, random_seeds
 from harness.scenario import Scenario, scenario_from_dict
 from harness.world.results import Timeouts
 from harness.world.torchrun import TorchrunWorld, _pythonpath
@@ -100,6 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.bench")
     parser.add_argument("--examples", type=int, default=400)
     parser.add_argument("--spawned", type=int, default=5)
+    parser.add_argument("--detection-seeds", type=int, default=3,
+                        help="fresh random seeds per variant for time to detection")
+    parser.add_argument("--detection-budget", type=float, default=60.0, metavar="S")
+    parser.add_argument("--worlds", default="sim,torchrun",
+                        help="worlds to time detection on")
     args = parser.parse_args(argv)
 
     examples = decode_examples(args.examples)
@@ -115,6 +122,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{row.note}")
     for name, value in extra.items():
         print(f"{name}: {value:.2f}")
+    seeds = random_seeds(args.detection_seeds)
+    print(f"\ntime to detection from an empty example database, seeds {seeds}:")
+    rows = [row for world in args.worlds.split(",")
+            for row in detection_rows(world, seeds, args.detection_budget)]
+    print_detection(rows)
     return 0
 
 

@@ -11,13 +11,21 @@ from typing import Any, NoReturn
 
 from harness.batch import RankBatch, validate_batches
 from harness.check.agreement import first_disagreement
-from harness.config import HarnessConfig, config_kwargs, load_config_file, ubatching_fields
+from harness.cli_config import (
+    add_config_flags,
+    add_timeout_flags,
+    config_from_args,
+    int_list,
+    timeouts_from_args,
+)
 from harness.errors import ConfigError
+from harness.fuzz.command import add_fuzz_command
 from harness.gen.exhaustive import explore
+from harness.report.command import add_report_command
 from harness.scenario import load_scenario
 from harness.sut.step_plan import StepPlan, decide_on_rank
 from harness.world import WORLDS, open_world
-from harness.world.results import StepResult, Timeouts
+from harness.world.results import DEFAULT_TIMEOUTS, StepResult
 from harness.world.threads import RankFailure, RankHang, ThreadWorld
 
 EXIT_OK, EXIT_FOUND, EXIT_BAD_INPUT = 0, 1, 2
@@ -30,62 +38,6 @@ class _OneLineParser(argparse.ArgumentParser):
         sys.exit(EXIT_BAD_INPUT)
 
 
-def _int_list(field: str, text: str | None) -> list[int] | None:
-    if text is None:
-        return None
-    try:
-        return [int(part) for part in text.split(",") if part.strip() != ""]
-    except ValueError:
-        raise ConfigError(field, f"{text!r} is not a comma-separated list of integers") from None
-
-
-def add_config_flags(parser: argparse.ArgumentParser) -> None:
-    """Flags that fix config fields; shared by every command that builds a config."""
-    g = parser.add_argument_group("config (flags override --config FILE)")
-    g.add_argument("--config", metavar="FILE", help="JSON or TOML file of config fields")
-    g.add_argument("--capture-sizes", metavar="N,N", help="explicit CUDA graph capture sizes")
-    g.add_argument("--num-ubatches", type=int, metavar="K",
-                   help="microbatches per step: 2 is DBO (default), K > 2 is --ubatch-size K")
-    g.add_argument("--no-ubatching", action="store_true", help="turn microbatching off")
-    g.add_argument("--decode-threshold", type=int, metavar="N")
-    g.add_argument("--prefill-threshold", type=int, metavar="N")
-    g.add_argument("--mode", metavar="MODE",
-                   help="NONE, PIECEWISE, FULL, FULL_DECODE_ONLY or FULL_AND_PIECEWISE")
-    g.add_argument("--max-num-reqs", type=int, metavar="N")
-    g.add_argument("--max-num-batched-tokens", type=int, metavar="N")
-    g.add_argument("--guard", metavar="VARIANT", help="fixed (default), merged or strict-k2")
-    g.add_argument("--twins", metavar="VARIANT", help="all (default) or reachable")
-    g.add_argument("--threshold-offset-rank", type=int, metavar="R",
-                   help="fault: rank R generates twins with a shifted decode threshold")
-    g.add_argument("--threshold-offset", type=int, metavar="N")
-    g.add_argument("--seed", type=int)
-
-
-def config_from_args(args: argparse.Namespace, dp_size: int | None = None) -> HarnessConfig:
-    fields: dict[str, Any] = config_kwargs(load_config_file(args.config)) if args.config else {}
-    flag_fields = {
-        "decode_threshold": args.decode_threshold,
-        "prefill_threshold": args.prefill_threshold,
-        "cudagraph_mode": args.mode,
-        "max_num_reqs": args.max_num_reqs,
-        "max_num_batched_tokens": args.max_num_batched_tokens,
-        "guard": args.guard,
-        "twins": args.twins,
-        "threshold_offset_rank": args.threshold_offset_rank,
-        "threshold_offset": args.threshold_offset,
-        "seed": args.seed,
-        "capture_sizes": _int_list("capture_sizes", args.capture_sizes),
-    }
-    fields.update({k: v for k, v in flag_fields.items() if v is not None})
-    if args.num_ubatches is not None:
-        fields.update(ubatching_fields(args.num_ubatches))
-    if args.no_ubatching:
-        fields.update(enable_dbo=False, ubatch_size=0)
-    if dp_size is not None:
-        fields.setdefault("dp_size", dp_size)
-    return HarnessConfig(**fields)
-
-
 def _per_rank(field: str, values: list[int] | None, dp_size: int) -> list[int] | None:
     if values is not None and len(values) != dp_size:
         raise ConfigError(field, f"has {len(values)} entries for {dp_size} ranks (--tokens)")
@@ -93,12 +45,12 @@ def _per_rank(field: str, values: list[int] | None, dp_size: int) -> list[int] |
 
 
 def batches_from_args(args: argparse.Namespace) -> list[RankBatch]:
-    tokens = _int_list("tokens", args.tokens) or []
+    tokens = int_list("tokens", args.tokens) or []
     if not tokens:
         raise ConfigError("tokens", "needs one count per rank, e.g. --tokens 64,128")
     dp = len(tokens)
-    ucts = _per_rank("uct", _int_list("uct", args.uct), dp) or [1] * dp
-    reqs = _per_rank("reqs", _int_list("reqs", args.reqs), dp)
+    ucts = _per_rank("uct", int_list("uct", args.uct), dp) or [1] * dp
+    reqs = _per_rank("reqs", int_list("reqs", args.reqs), dp)
     for rank in args.no_ubatch_rank:
         if not 0 <= rank < dp:
             raise ConfigError("no_ubatch_rank", f"rank {rank} is outside the {dp} ranks")
@@ -173,8 +125,7 @@ def _step_title(step: StepResult) -> str:
 
 def cmd_run(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario)
-    timeouts = Timeouts(collective_s=args.collective_timeout, hang_s=args.hang_timeout,
-                        step_deadline_s=args.deadline)
+    timeouts = timeouts_from_args(args)
     world = open_world(args.world, scenario.config.dp_size, args.backend, timeouts)
     try:
         result = world.run(scenario)
@@ -258,13 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--backend", choices=["gloo", "nccl"], default="gloo",
                      help="process-group backend (nccl: one GPU per rank)")
     run.add_argument("--json", action="store_true", help="print one JSON object")
-    run.add_argument("--collective-timeout", type=float, default=5.0, metavar="S",
-                     help="bound on every collective, seconds")
-    run.add_argument("--hang-timeout", type=float, default=10.0, metavar="S",
-                     help="a microbatch waiting this long for its turn is a hang (must "
-                     "exceed the collective timeout)")
-    run.add_argument("--deadline", type=float, default=30.0, metavar="S",
-                     help="bound on one step of one rank, seconds")
+    add_timeout_flags(run, DEFAULT_TIMEOUTS)
     run.set_defaults(func=cmd_run)
 
     exhaustive = sub.add_parser("exhaustive", help="every uniform-decode token vector of a "
@@ -275,6 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
     exhaustive.add_argument("--json", action="store_true", help="print one JSON object")
     add_config_flags(exhaustive)
     exhaustive.set_defaults(func=cmd_exhaustive)
+    add_fuzz_command(sub)
+    add_report_command(sub)
     return parser
 
 

@@ -38,9 +38,11 @@ class CudaGraphMode(enum.Enum):
         return not self.separate_routine()
 
     @classmethod
-    def parse(cls, name: str, field_name: str = "cudagraph_mode") -> CudaGraphMode:
+    def parse(cls, name: str | CudaGraphMode, field_name: str = "cudagraph_mode") -> CudaGraphMode:
+        if isinstance(name, CudaGraphMode):
+            return name
         try:
-            return cls[name.upper()]
+            return cls[str(name).upper()]
         except KeyError:
             names = ", ".join(m.name for m in cls)
             raise ConfigError(field_name, f"unknown mode {name!r} (one of {names})") from None
@@ -135,7 +137,7 @@ class HarnessConfig:
     capture_on: CaptureOn = CaptureOn.RUNNER
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "cudagraph_mode", self._coerce_mode(self.cudagraph_mode))
+        object.__setattr__(self, "cudagraph_mode", CudaGraphMode.parse(self.cudagraph_mode))
         object.__setattr__(self, "guard", _parse_enum(Guard, self.guard, "guard"))
         object.__setattr__(self, "twins", _parse_enum(Twins, self.twins, "twins"))
         object.__setattr__(self, "protocol", _parse_enum(Protocol, self.protocol, "protocol"))
@@ -147,10 +149,6 @@ class HarnessConfig:
             object.__setattr__(self, "capture_sizes", tuple(self.capture_sizes))
         self._validate()
 
-    @staticmethod
-    def _coerce_mode(mode: Any) -> CudaGraphMode:
-        return mode if isinstance(mode, CudaGraphMode) else CudaGraphMode.parse(str(mode))
-
     # -- derived values ------------------------------------------------------------------
 
     @property
@@ -160,9 +158,13 @@ class HarnessConfig:
     @property
     def num_ubatches(self) -> int:
         """k: the number of microbatches a microbatched step is split into (1 = off)."""
-        if not self.use_ubatching:
-            return 1
-        return 2 if self.enable_dbo else self.ubatch_size
+        return self.microbatches_of(self.enable_dbo, self.ubatch_size)
+
+    @staticmethod
+    def microbatches_of(enable_dbo: bool, ubatch_size: int) -> int:
+        if enable_dbo:
+            return 2
+        return ubatch_size if ubatch_size > 1 else 1
 
     @cached_property
     def cudagraph_capture_sizes(self) -> tuple[int, ...]:

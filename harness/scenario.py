@@ -124,6 +124,26 @@ class Scenario:
         config = HarnessConfig(**config_kwargs(data["config"]))
         return replace(self, config=config, steps=steps, faults=faults)
 
+    def only_step(self, step: int) -> Scenario:
+        """Step `step` alone (its requests start afresh), with its faults."""
+        faults = tuple(replace(f, step=0) for f in self.faults if f.step == step)
+        return replace(self, steps=(self.steps[step],), faults=faults)
+
+    def without_rank(self, rank: int) -> Scenario:
+        """The same case with `rank` left out of every step; later ranks move down by one."""
+        data = self.to_dict()
+        data["config"]["dp_size"] = self.config.dp_size - 1
+        offset_rank = data["config"].get("threshold_offset_rank")
+        if offset_rank is not None and offset_rank > rank:
+            data["config"]["threshold_offset_rank"] = offset_rank - 1
+        elif offset_rank == rank:
+            data["config"]["threshold_offset_rank"] = None
+        config = HarnessConfig(**config_kwargs(data["config"]))
+        steps = tuple(ranks[:rank] + ranks[rank + 1:] for ranks in self.steps)
+        faults = tuple(replace(f, rank=f.rank - (f.rank > rank)) for f in self.faults
+                       if f.rank != rank)
+        return replace(self, config=config, steps=steps, faults=faults)
+
     def with_reference_behaviour(self) -> Scenario:
         """The same scenario with the variant switched back to the reference."""
         config = HarnessConfig(**{**self.config.to_dict(), **dict(self.reference_changes)})

@@ -1,5 +1,6 @@
 """The distributed suite: the same tests on whichever world the session runs
-(`--world sim|torchrun`, `--nproc N`): every regression scenario, and Hypothesis over DP skew."""
+(`--world sim|torchrun`, `--nproc N`): every regression scenario, Hypothesis over DP skew of
+the reference, and the fuzzer finding each planted bug from nothing."""
 
 from __future__ import annotations
 
@@ -9,12 +10,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.gen.strategies import configs, rank_batch
-from harness.scenario import RankStep, Scenario, load_scenario
+from harness.fuzz.engine import Budget, fuzz, scenario_strategy
+from harness.fuzz.variants import VARIANTS
+from harness.scenario import load_scenario
+from harness.sut.thresholds import last_region_start
 
 pytestmark = pytest.mark.dist
 
 SCENARIOS = sorted((Path(__file__).resolve().parents[1] / "scenarios").glob("*.json"))
+BUGS = [name for name, v in VARIANTS.items() if not v.is_reference]
+# World runs to detection: the search is seeded, so this is a fixed path, not a timer.
+DETECTION_BUDGET = Budget(examples=400, seconds=None, shrink_seconds=30.0)
 
 
 def describe(result) -> str:
@@ -35,20 +41,50 @@ def test_each_regression_scenario_is_caught_on_the_world_and_clean_in_the_refere
     assert clean.ok, describe(clean)
 
 
-@st.composite
-def skewed_scenarios(draw, nproc: int) -> Scenario:
-    config = draw(configs(dp_sizes=(nproc,)))
-    steps = []
-    for _ in range(draw(st.integers(1, 2))):
-        batches = [draw(rank_batch(config)) for _ in range(nproc)]
-        steps.append(tuple(RankStep(b.request_query_lens(), b.allow_ubatching)
-                           for b in batches))
-    return Scenario(config, tuple(steps), name="hypothesis-skew")
-
-
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_every_checker_holds_on_skewed_dp_steps_of_the_reference(world, data):
-    scenario = data.draw(skewed_scenarios(world.nproc))
+    scenario = data.draw(scenario_strategy(VARIANTS["reference"], {}, (world.nproc,)))
     result = world.run(scenario)
     assert result.ok, describe(result)
+
+
+def graph_of(config, tokens: int) -> int:
+    return next(g for g in config.cudagraph_capture_sizes if g >= tokens)
+
+
+@pytest.mark.parametrize("name", BUGS)
+def test_the_fuzzer_finds_each_planted_bug_from_nothing_and_shrinks_it(
+        request, fuzz_world, tmp_path, name):
+    variant = VARIANTS[name]
+    outcome = fuzz(variant, fuzz_world.run, world=request.config.getoption("--world"),
+                   dp_sizes=(fuzz_world.nproc,), budget=DETECTION_BUDGET, database=None,
+                   scenario_dir=tmp_path, seed=0)
+    assert outcome.found, f"{name}: nothing found in {outcome.examples} examples"
+    assert outcome.checker in variant.caught_by, outcome.detail
+    shrunk = outcome.scenario
+    assert len(shrunk.steps) == 1, shrunk.to_json()
+    tokens = [len(r.query_lens) for r in shrunk.steps[0]]
+    if name.startswith("guard-"):
+        # The minimal case: the smallest rank exactly at the last region start of its graph.
+        k = shrunk.config.num_ubatches
+        assert min(tokens) == last_region_start(graph_of(shrunk.config, max(tokens)), k), \
+            shrunk.to_json()
+    if name == "stock-protocol":
+        assert [f.kind.value for f in shrunk.faults] == ["raise_in_ubatch"]
+    # The saved scenario is a regression scenario: caught as such, clean once undone.
+    replayed = load_scenario(outcome.replay.split("--scenario ")[1].split(" ")[0])
+    again = fuzz_world.run(replayed)
+    assert replayed.caught_by in [v.checker for _, v in again.failed_verdicts()]
+    assert fuzz_world.run(replayed.with_reference_behaviour()).ok
+
+
+def test_the_fuzzer_finds_nothing_on_the_reference(request, fuzz_world, tmp_path):
+    outcome = fuzz(VARIANTS["reference"], fuzz_world.run,
+                   world=request.config.getoption("--world"), dp_sizes=(fuzz_world.nproc,),
+                   budget=Budget(examples=60, seconds=None), database=None,
+                   scenario_dir=tmp_path, seed=1)
+    assert not outcome.found, f"{outcome.checker}: {outcome.detail}\n" + (
+        outcome.scenario.to_json() if outcome.scenario else "")
+    # Hypothesis's own count includes repeats the memo answers: the world ran fewer.
+    assert outcome.note == "examples exhausted" and outcome.examples > 0

@@ -1,23 +1,41 @@
-"""Hypothesis strategies for configs and per-rank batches of one DP step.
+"""Hypothesis strategies for configs, skewed per-rank batches and whole scenarios.
 
-Everything is drawn here, in the driver; ranks only ever receive fully drawn inputs.
+Everything is drawn here, in the driver; ranks only ever receive fully drawn inputs. The
+generators know nothing of worlds: they return configs, batches and scenarios.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from hypothesis import assume
 from hypothesis import strategies as st
 
 from harness.batch import RankBatch
-from harness.config import CudaGraphMode, Guard, HarnessConfig
+from harness.config import All2AllBackend, CudaGraphMode, Guard, HarnessConfig, ubatching_fields
+from harness.errors import ConfigError
+from harness.scenario import Fault, FaultKind, RankStep, Scenario
+from harness.sut.step_plan import plan_without_world
+from harness.sut.thresholds import last_region_start
 
 GRAPH_MODES = (CudaGraphMode.FULL, CudaGraphMode.FULL_DECODE_ONLY,
                CudaGraphMode.FULL_AND_PIECEWISE, CudaGraphMode.NONE)
+
+# The fuzzer's config space: few distinct values, so that a persistent world captures each
+# config's graphs once and replays them across many examples.
+SIZE_CHOICES = (4, 8, 12, 16, 32, 48)
+DECODE_THRESHOLDS = (2, 4, 8, 16)
+PREFILL_THRESHOLDS = (4, 16, 32)
+FUZZ_MAX_TOKENS = 64
+# The straddle shape twice: it is the one that couples ranks across a guard boundary.
+SKEW_SHAPES = ("straddle", "straddle", "uniform", "all-equal", "one-hot", "zipf", "idle")
 
 
 @st.composite
 def configs(draw, *, dp_sizes=(2, 3, 4), ubatch_counts=(2, 3, 4), modes=GRAPH_MODES,
             guards=(Guard.FIXED,), max_tokens: int = 128) -> HarnessConfig:
-    """Small microbatching configs; a small space so that graph tables repeat across examples."""
+    """Wide configs for the decision layer alone (no capture): any sizes up to max_tokens."""
     dp = draw(st.sampled_from(dp_sizes))
     k = draw(st.sampled_from(ubatch_counts))
     sizes = draw(st.lists(st.integers(1, max_tokens), min_size=1, max_size=4, unique=True))
@@ -37,13 +55,63 @@ def configs(draw, *, dp_sizes=(2, 3, 4), ubatch_counts=(2, 3, 4), modes=GRAPH_MO
     )
 
 
+@st.composite
+def fuzz_configs(draw, fixed: Mapping[str, Any] | None = None, *,
+                 dp_sizes: Sequence[int] = (2, 3, 4), ubatch_counts: Sequence[int] = (2, 3, 4),
+                 drawn: Mapping[str, st.SearchStrategy] | None = None) -> HarnessConfig:
+    """Configs from the fuzzer's small space. `fixed` fields (what the user pinned, and the
+    variant's planted bug) are kept as given; `drawn` adds strategies for other fields."""
+    fixed = dict(fixed or {})
+
+    def pick(name: str, strategy: st.SearchStrategy) -> Any:
+        return fixed.pop(name) if name in fixed else draw(strategy)
+
+    fields: dict[str, Any] = {"dp_size": pick("dp_size", st.sampled_from(dp_sizes))}
+    pinned = {key: fixed.pop(key) for key in ("enable_dbo", "ubatch_size") if key in fixed}
+    fields.update(pinned or ubatching_fields(draw(st.sampled_from(ubatch_counts))))
+    k = HarnessConfig.microbatches_of(fields.get("enable_dbo", True), fields.get("ubatch_size", 0))
+    mode = pick("cudagraph_mode", st.sampled_from(GRAPH_MODES))
+    sizes = pick("capture_sizes", st.lists(st.sampled_from(SIZE_CHOICES), min_size=1,
+                                           max_size=2, unique=True).map(sorted))
+    largest = max(sizes) if sizes else FUZZ_MAX_TOKENS
+    fields.update(
+        cudagraph_mode=mode,
+        capture_sizes=tuple(sizes) if sizes is not None else None,
+        max_num_batched_tokens=pick("max_num_batched_tokens",
+                                    st.just(max(FUZZ_MAX_TOKENS, largest))),
+        # Below the largest capture size, twins of the larger graphs have no legal batch.
+        max_num_reqs=pick("max_num_reqs", st.sampled_from(
+            (FUZZ_MAX_TOKENS, largest, max(1, largest // 2)))),
+    )
+    # Drawn thresholds start at k (lower ones are illegal with microbatching); pinned ones
+    # are kept as given, so that a bad pin is reported rather than mended.
+    fields["decode_threshold"] = pick("decode_threshold", st.sampled_from(
+        DECODE_THRESHOLDS).map(lambda t: max(t, k)))
+    fields["prefill_threshold"] = pick("prefill_threshold", st.sampled_from(
+        PREFILL_THRESHOLDS).map(lambda t: max(t, k)))
+    if CudaGraphMode.parse(mode) is CudaGraphMode.NONE:
+        fields["all2all_backend"] = pick("all2all_backend", st.sampled_from(
+            (All2AllBackend.LOW_LATENCY, All2AllBackend.HIGH_THROUGHPUT)))
+    for name, strategy in (drawn or {}).items():
+        fields[name] = pick(name, strategy)
+    fields.update(fixed)
+    try:
+        return HarnessConfig(**fields)
+    except ConfigError:
+        assume(False)
+        raise  # unreachable: assume(False) rejects the example
+
+
 def boundary_token_counts(config: HarnessConfig) -> list[int]:
-    """Token counts where decisions flip: thresholds, capture sizes and region starts, +-1."""
+    """Token counts where decisions flip: thresholds, capture sizes, every region start, +-1,
+    and one past the largest capture size (the first batch no graph can hold)."""
     k = config.num_ubatches
     points = {config.decode_threshold, config.prefill_threshold}
     for size in config.cudagraph_capture_sizes:
         points.add(size)
         points.update((size // k) * i for i in range(1, k))
+    if config.cudagraph_capture_sizes:
+        points.add(config.max_capture_size + 1)
     near = {p + d for p in points for d in (-1, 0, 1)}
     return sorted(n for n in near if 1 <= n <= config.max_num_batched_tokens)
 
@@ -56,23 +124,138 @@ def token_counts(config: HarnessConfig, upper: int) -> st.SearchStrategy[int]:
 
 
 @st.composite
-def rank_batch(draw, config: HarnessConfig) -> RankBatch:
-    """One rank's batch: idle, uniform decode, or mixed (any query lengths), legal for config."""
-    kind = draw(st.sampled_from(("decode", "decode", "decode", "mixed", "idle")))
-    allow = draw(st.booleans()) if draw(st.integers(0, 9)) == 0 else True
+def rank_batch(draw, config: HarnessConfig, tokens: int | None = None) -> RankBatch:
+    """One rank's batch: idle, uniform decode, or mixed (any query lengths), legal for config.
+    With `tokens` the count is given (the skew shape chose it) and only the layout is drawn."""
+    if tokens == 0:
+        return RankBatch.uniform(0, allow_ubatching=_allows_ubatching(draw))
+    kind = draw(st.sampled_from(("decode", "decode", "decode", "mixed") if tokens is not None
+                                else ("decode", "decode", "decode", "mixed", "idle")))
+    allow = _allows_ubatching(draw)
     if kind == "idle":
         return RankBatch.uniform(0, allow_ubatching=allow)
-    if kind == "decode":
-        n = draw(token_counts(config, min(config.max_num_reqs, config.max_num_batched_tokens)))
+    decode_limit = min(config.max_num_reqs, config.max_num_batched_tokens)
+    if kind == "decode" and (tokens is None or tokens <= decode_limit):
+        n = tokens if tokens is not None else draw(token_counts(config, decode_limit))
         return RankBatch.uniform(n, 1, allow_ubatching=allow)
-    n = draw(token_counts(config, config.max_num_batched_tokens))
+    n = tokens if tokens is not None else draw(token_counts(config,
+                                                            config.max_num_batched_tokens))
     reqs = draw(st.integers(1, min(n, config.max_num_reqs)))
     return RankBatch.uniform(n, None, num_reqs=reqs, allow_ubatching=allow)
 
 
+def _allows_ubatching(draw) -> bool:
+    # One rank in ten sometimes refuses microbatching (vLLM's per-rank should_ubatch).
+    return draw(st.booleans()) if draw(st.integers(0, 9)) == 0 else True
+
+
+@st.composite
+def skewed_token_counts(draw, config: HarnessConfig) -> list[int]:
+    """Per-rank token counts in one of the DP skew shapes of real traffic."""
+    dp = config.dp_size
+    upper = config.max_num_batched_tokens
+    count = token_counts(config, upper)
+    shape = draw(st.sampled_from(SKEW_SHAPES))
+    if shape == "straddle" and config.cudagraph_capture_sizes:
+        return draw(straddling_token_counts(config))
+    if shape == "uniform":
+        return [draw(count) for _ in range(dp)]
+    if shape == "all-equal":
+        return [draw(count)] * dp
+    if shape == "one-hot":
+        # One heavy rank, the others nearly idle.
+        heavy = draw(st.integers(0, dp - 1))
+        light = [draw(st.integers(0, 2)) for _ in range(dp)]
+        light[heavy] = draw(count)
+        return light
+    if shape == "zipf":
+        # Rank i of a random order gets top / (i + 1): a long tail of light ranks.
+        top = draw(count)
+        order = draw(st.permutations(range(dp)))
+        return [top // (order[r] + 1) for r in range(dp)]
+    idle = draw(st.sets(st.integers(0, dp - 1), min_size=1, max_size=dp - 1))
+    return [0 if r in idle else draw(count) for r in range(dp)]
+
+
+@st.composite
+def straddling_token_counts(draw, config: HarnessConfig) -> list[int]:
+    """Every rank but one pads to the same capture size G; the light rank sits on a region
+    start (G // k) * i of G or next to it, where the guard decides between graph and eager.
+    Region starts the microbatching threshold lets through are preferred."""
+    sizes = config.cudagraph_capture_sizes
+    k = max(config.num_ubatches, 2)
+    starts = [(g, (g // k) * i) for g in sizes for i in range(1, k)]
+    open_starts = [(g, n) for g, n in starts if n >= config.decode_threshold]
+    graph, start = draw(st.sampled_from(open_starts or starts))
+    below = max((s for s in sizes if s < graph), default=0)
+    light = max(0, start + draw(st.sampled_from((0, -1, 1))))
+    light_rank = draw(st.integers(0, config.dp_size - 1))
+    heavy = st.one_of(st.just(graph), st.integers(max(below + 1, start), graph))
+    counts = [draw(heavy) for _ in range(config.dp_size)]
+    counts[light_rank] = light
+    return counts
+
+
+@st.composite
+def skewed_batches(draw, config: HarnessConfig) -> list[RankBatch]:
+    """One batch per rank: the token counts of a skew shape, laid out either as a pure
+    decode step on every rank (what microbatched graphs serve) or each rank on its own."""
+    counts = draw(skewed_token_counts(config))
+    decode_limit = min(config.max_num_reqs, config.max_num_batched_tokens)
+    if draw(st.booleans()) and max(counts) <= decode_limit:
+        return [RankBatch.uniform(n, 1) for n in counts]
+    return [draw(rank_batch(config, n)) for n in counts]
+
+
 @st.composite
 def steps(draw, config_strategy=None) -> tuple[HarnessConfig, list[RankBatch]]:
-    """A config and one batch per rank."""
+    """A config and one batch per rank (no skew shape: each rank drawn on its own)."""
     config = draw(config_strategy if config_strategy is not None else configs())
     batches = [draw(rank_batch(config)) for _ in range(config.dp_size)]
     return config, batches
+
+
+@st.composite
+def faults(draw, config: HarnessConfig, num_steps: int,
+           kinds: Sequence[FaultKind]) -> tuple[Fault, ...]:
+    """One fault of the given kinds, on any rank, step and microbatch."""
+    if not kinds:
+        return ()
+    return (Fault(draw(st.sampled_from(kinds)), draw(st.integers(0, config.dp_size - 1)),
+                  draw(st.integers(0, num_steps - 1)),
+                  draw(st.integers(0, max(config.num_ubatches, 1) - 1))),)
+
+
+@st.composite
+def scenarios(draw, config_strategy: st.SearchStrategy[HarnessConfig], *,
+              max_steps: int = 2, fault_kinds: Sequence[FaultKind] = (),
+              fault_every: int = 1, name: str = "fuzz") -> Scenario:
+    """A whole scenario: a config, 1..max_steps steps of skewed batches, and maybe a fault
+    (always when fault_every is 1, else about one scenario in fault_every)."""
+    config = draw(config_strategy)
+    ranks = []
+    for _ in range(draw(st.integers(1, max_steps))):
+        batches = draw(skewed_batches(config))
+        ranks.append(tuple(RankStep(b.request_query_lens(), b.allow_ubatching)
+                           for b in batches))
+    planted = (draw(faults(config, len(ranks), fault_kinds))
+               if fault_kinds and draw(st.integers(0, fault_every - 1)) == 0 else ())
+    return Scenario(config, tuple(ranks), planted, name=name)
+
+
+def steering(scenario: Scenario) -> dict[str, float]:
+    """What `target()` maximises: closeness of the smallest rank to the last region start of
+    the graph the largest rank pads to (the guard boundary), and the most padding of a rank."""
+    config = scenario.config
+    k = max(config.num_ubatches, 2)
+    closeness, padding = -float(config.max_num_batched_tokens), 0.0
+    for i in range(len(scenario.steps)):
+        batches = scenario.batches(i)
+        counts = [b.num_tokens for b in batches]
+        graph = next((g for g in config.cudagraph_capture_sizes if g >= max(counts)), None)
+        if graph is not None:
+            boundary = last_region_start(graph, k)
+            closeness = max(closeness, -float(abs(min(counts) - boundary)))
+        plans = plan_without_world(config, batches)
+        padding = max(padding, *(float(p.num_tokens - p.real_tokens) for p in plans))
+    return {"guard boundary closeness": closeness, "padding": padding}

@@ -1,16 +1,23 @@
 """The in-process world: N ranks as threads, each with a real gloo group, running the rank
-code of `harness.sut.rank_runtime` on a scenario; the driver judges the records.
+code of `harness.sut.rank_runtime` on scenarios; the driver judges the records.
 
-A scenario stops at the first step with a failed or hung rank: after a collective timed out
-its gloo pairs are closed, so later steps would only report the same failure again.
+The world persists across scenarios, as the torchrun world does: its groups and each
+config's captured graphs are reused, so a fuzzer pays the capture once per config. After a
+failed or hung rank the groups are suspect (gloo closes a pair whose collective timed out),
+so the world is rebuilt before the next scenario; a scenario stops at that failed step.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from harness.check.checkers import check_startup
+from harness.check.records import StartupRecord
+from harness.config import HarnessConfig
 from harness.errors import ConfigError
 from harness.scenario import FaultKind, Scenario
 from harness.sut.rank_runtime import RankRuntime
+from harness.world.collector import collector_paused
 from harness.world.results import (
     DEFAULT_TIMEOUTS,
     ScenarioResult,
@@ -21,45 +28,99 @@ from harness.world.results import (
 )
 from harness.world.threads import ThreadWorld
 
-
-def run_scenario(scenario: Scenario, timeouts: Timeouts = DEFAULT_TIMEOUTS) -> ScenarioResult:
-    killed = [i for i, f in enumerate(scenario.faults) if f.kind is FaultKind.KILL_RANK]
-    if killed:
-        raise ConfigError(f"faults[{killed[0]}].kind", "kill_rank needs the torchrun world "
-                          "(the sim world's ranks are threads of one process)")
-    config = scenario.config
-    requests = scenario.requests()
-    steps = []
-    with ThreadWorld(config.dp_size, timeout_s=timeouts.collective_s) as world:
-        runtimes = world.run(lambda rank, group: RankRuntime(
-            config, rank, group, collective_timeout_s=timeouts.collective_s,
-            hang_timeout_s=timeouts.hang_s))
-        startup, _ = world.run_bounded(lambda rank, _g: runtimes[rank].startup(),
-                                       timeouts.startup_deadline_s)
-        if startup_lets_steps_run(check_startup(startup, timeouts.startup_deadline_s)):
-            for i, ranks in enumerate(scenario.steps):
-                records, _ = world.run_bounded(
-                    lambda rank, _g, i=i, ranks=ranks: runtimes[rank].step(
-                        i, requests[i][rank], ranks[rank], scenario.faults_at(i, rank)),
-                    timeouts.step_deadline_s + 5.0)
-                steps.append(records)
-                if step_failed(records):
-                    break
-    return judge(scenario, startup, steps, timeouts)
+# Captured graph sets kept per world; the fuzzer's config space is small on purpose.
+MAX_CACHED_CONFIGS = 32
 
 
 class SimWorld:
     """The in-process world behind the same interface as the torchrun world."""
 
-    def __init__(self, nproc: int, timeouts: Timeouts = DEFAULT_TIMEOUTS) -> None:
+    def __init__(self, nproc: int, timeouts: Timeouts = DEFAULT_TIMEOUTS,
+                 max_cached_configs: int = MAX_CACHED_CONFIGS) -> None:
         self.nproc = nproc
         self.timeouts = timeouts
+        self.max_cached_configs = max_cached_configs
+        self.builds = 0  # thread worlds built so far (one more after every failure)
+        self._threads: ThreadWorld | None = None
+        self._runtimes: OrderedDict[HarnessConfig, tuple[list[RankRuntime],
+                                                         list[StartupRecord | None]]]
+        self._runtimes = OrderedDict()
+
+    def __enter__(self) -> SimWorld:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
 
     def run(self, scenario: Scenario) -> ScenarioResult:
         if scenario.config.dp_size != self.nproc:
             raise ConfigError("dp_size", f"the scenario has {scenario.config.dp_size} ranks "
                               f"but this world has {self.nproc}")
-        return run_scenario(scenario, self.timeouts)
+        killed = [i for i, f in enumerate(scenario.faults) if f.kind is FaultKind.KILL_RANK]
+        if killed:
+            raise ConfigError(f"faults[{killed[0]}].kind", "kill_rank needs the torchrun world "
+                              "(the sim world's ranks are threads of one process)")
+        with collector_paused():
+            return self._run(scenario)
+
+    def _run(self, scenario: Scenario) -> ScenarioResult:
+        world = self._world()
+        runtimes, startup = self._captured(world, scenario.config)
+        steps = []
+        healthy = startup_lets_steps_run(check_startup(startup,
+                                                       self.timeouts.startup_deadline_s))
+        if healthy:
+            for runtime in runtimes:
+                runtime.reset_state()
+            requests = scenario.requests()
+            for i, ranks in enumerate(scenario.steps):
+                records, _ = world.run_bounded(
+                    lambda rank, _g, i=i, ranks=ranks: runtimes[rank].step(
+                        i, requests[i][rank], ranks[rank], scenario.faults_at(i, rank)),
+                    self.timeouts.step_deadline_s + 5.0)
+                steps.append(records)
+                if step_failed(records):
+                    healthy = False
+                    break
+        if not healthy:
+            self._discard()
+        return judge(scenario, startup, steps, self.timeouts)
 
     def close(self) -> list[int]:
+        self._discard()
         return []
+
+    def _world(self) -> ThreadWorld:
+        if self._threads is None:
+            self._threads = ThreadWorld(self.nproc, timeout_s=self.timeouts.collective_s)
+            self._threads.__enter__()
+            self.builds += 1
+        return self._threads
+
+    def _captured(self, world: ThreadWorld, config: HarnessConfig):
+        """Every rank's runtime for `config`, with its start-up record; captured once."""
+        if config in self._runtimes:
+            self._runtimes.move_to_end(config)
+            return self._runtimes[config]
+        timeouts = self.timeouts
+        runtimes = world.run(lambda rank, group: RankRuntime(
+            config, rank, group, collective_timeout_s=timeouts.collective_s,
+            hang_timeout_s=timeouts.hang_s))
+        startup, _ = world.run_bounded(lambda rank, _g: runtimes[rank].startup(),
+                                       timeouts.startup_deadline_s)
+        self._runtimes[config] = (runtimes, startup)
+        while len(self._runtimes) > self.max_cached_configs:
+            self._runtimes.popitem(last=False)
+        return runtimes, startup
+
+    def _discard(self) -> None:
+        self._runtimes.clear()
+        if self._threads is not None:
+            self._threads.close()
+            self._threads = None
+
+
+def run_scenario(scenario: Scenario, timeouts: Timeouts = DEFAULT_TIMEOUTS) -> ScenarioResult:
+    """One scenario on a fresh world of its own."""
+    with SimWorld(scenario.config.dp_size, timeouts) as world:
+        return world.run(scenario)

@@ -27,6 +27,7 @@ import torch.distributed as dist
 from harness.scenario import FaultKind, scenario_from_dict
 from harness.sut.rank_runtime import RankRuntime
 from harness.world import wire
+from harness.world.collector import collector_paused
 from harness.world.results import Timeouts
 
 WATCHDOG_PERIOD_S = 0.5
@@ -68,7 +69,8 @@ class Worker:
             if message[0] == "exit":
                 return
             if message[0] == "run":
-                self.run(message[1], Timeouts(**message[2]))
+                with collector_paused():
+                    self.run(message[1], Timeouts(**message[2]))
 
     def _runtime(self, config, timeouts: Timeouts):
         key = (config, timeouts)

@@ -1,0 +1,176 @@
+"""`python -m harness fuzz`: search DP skew for a scenario some checker rejects, on a world.
+
+Exit 0 when nothing is found, 1 with the shrunk scenario when something is, 2 on bad input.
+With `--variant all` every variant is fuzzed in turn and the exit code says whether the
+fuzzer did its job: 0 when each planted bug was found and the reference stayed clean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from harness.cli_config import (
+    add_config_flags,
+    add_timeout_flags,
+    config_fields_from_args,
+    timeouts_from_args,
+)
+from harness.config import HarnessConfig
+from harness.errors import ConfigError
+from harness.fuzz.engine import FUZZ_TIMEOUTS, SIM_DP_SIZES, Budget, FuzzOutcome, fuzz
+from harness.fuzz.profiles import PROFILES, profile_from_environment
+from harness.fuzz.progress import ProgressBar
+from harness.fuzz.run_log import DEFAULT_LOG
+from harness.fuzz.variants import VARIANTS, Variant, expects_a_finding, variant_named
+from harness.world import WORLDS
+from harness.world.pool import WorldPool
+
+DEFAULT_SECONDS = 60.0
+DEFAULT_DATABASE = ".hypothesis/fuzz"
+
+
+def add_fuzz_command(sub) -> argparse.ArgumentParser:
+    fz = sub.add_parser("fuzz", help="search skewed DP steps for a scenario a checker rejects, "
+                        "shrink it and print how to replay it")
+    fz.add_argument("--variant", default="reference", metavar="NAME",
+                    help=f"the system to fuzz: {', '.join(VARIANTS)}; or all (default "
+                    "reference)")
+    fz.add_argument("--world", choices=WORLDS, default="sim")
+    fz.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
+    fz.add_argument("--nproc", type=int, metavar="N",
+                    help="fix the DP size (default: drawn from "
+                    f"{', '.join(map(str, SIM_DP_SIZES))} in the sim world, 2 in torchrun)")
+    budget = fz.add_argument_group("budget (per variant)")
+    budget.add_argument("--examples", type=int, metavar="N", help="world runs at most")
+    budget.add_argument("--seconds", type=float, metavar="S",
+                        help=f"search time (default {DEFAULT_SECONDS:.0f} s unless --examples)")
+    budget.add_argument("--shrink-seconds", type=float, default=30.0, metavar="S",
+                        help="shrinking stops after this, keeping the smallest failure so far")
+    fz.add_argument("--profile", choices=PROFILES, default=None,
+                    help="Hypothesis profile (default: $HYPOTHESIS_PROFILE, else dev)")
+    fz.add_argument("--hypothesis-seed", type=int, metavar="N", help="seed the search")
+    fz.add_argument("--database", default=DEFAULT_DATABASE, metavar="DIR",
+                    help="example database: failures found before are replayed first")
+    fz.add_argument("--no-database", action="store_true", help="start from nothing")
+    fz.add_argument("--log", default=DEFAULT_LOG, metavar="FILE",
+                    help="run log (JSON lines) for `python -m harness report`")
+    fz.add_argument("--found-dir", default=".harness/found", metavar="DIR",
+                    help="where shrunk scenarios are saved for replay")
+    fz.add_argument("--json", action="store_true", help="print one JSON object per variant")
+    fz.add_argument("--progress", action="store_true",
+                    help="draw the progress bar even when stderr is not a terminal")
+    add_timeout_flags(fz, FUZZ_TIMEOUTS)
+    add_config_flags(fz)
+    fz.set_defaults(func=cmd_fuzz)
+    return fz
+
+
+def pinned_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The config fields the flags fix; validated alone so a bad one is reported up front."""
+    fields = config_fields_from_args(args)
+    if args.nproc is not None:
+        fields["dp_size"] = args.nproc
+    HarnessConfig(**fields)
+    return fields
+
+
+def budget_from_args(args: argparse.Namespace) -> Budget:
+    for name in ("examples", "seconds", "shrink_seconds"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            raise ConfigError(name, f"must be positive, got {value}")
+    seconds = args.seconds
+    if seconds is None and args.examples is None:
+        seconds = DEFAULT_SECONDS
+    return Budget(examples=args.examples, seconds=seconds, shrink_seconds=args.shrink_seconds)
+
+
+def cmd_fuzz(args: argparse.Namespace) -> int:
+    variants = (list(VARIANTS.values()) if args.variant == "all"
+                else [variant_named(args.variant)])
+    fixed = pinned_fields(args)
+    budget = budget_from_args(args)
+    timeouts = timeouts_from_args(args)
+    nproc = args.nproc if args.nproc is not None else (None if args.world == "sim" else 2)
+    dp_sizes = (nproc,) if nproc is not None else SIM_DP_SIZES
+    profile = args.profile or profile_from_environment()
+    outcomes = []
+    with WorldPool(args.world, args.backend, timeouts, nproc) as pool:
+        for variant in variants:
+            bar = ProgressBar(f"fuzz {variant.name}", budget.seconds, budget.examples,
+                              force=args.progress)
+            try:
+                outcome = fuzz(variant, pool.run, world=args.world, dp_sizes=dp_sizes,
+                               fixed=fixed, budget=budget, profile=profile,
+                               database=None if args.no_database else args.database,
+                               log_path=args.log, scenario_dir=args.found_dir,
+                               seed=args.hypothesis_seed, progress=bar.update)
+            finally:
+                bar.close()
+            outcomes.append(outcome)
+            _print_outcome(outcome, variant, args.json)
+        leftover = pool.close()
+    if leftover:
+        print(f"error: processes of the world outlived it: {leftover}", file=sys.stderr)
+        return 1
+    if args.variant == "all":
+        if not args.json:
+            _print_table(outcomes)
+        return 0 if all(did_its_job(o) for o in outcomes) else 1
+    return 1 if outcomes[0].found else 0
+
+
+def did_its_job(outcome: FuzzOutcome) -> bool:
+    """A planted bug must be found; the reference must stay clean."""
+    return outcome.found == expects_a_finding(outcome.variant)
+
+
+def _print_outcome(outcome: FuzzOutcome, variant: Variant, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(outcome.to_json_dict()), flush=True)
+        return
+    head = f"{outcome.variant} on the {outcome.world} world:"
+    if not outcome.found:
+        print(f"{head} nothing found in {outcome.examples} examples, {outcome.seconds:.1f} s "
+              f"({outcome.note})")
+    else:
+        print(f"{head} FOUND by {outcome.checker} after {outcome.examples_to_detection} "
+              f"examples ({outcome.seconds_to_detection:.1f} s); found and shrunk in "
+              f"{outcome.seconds:.1f} s, {outcome.examples} examples")
+        print(f"  {outcome.detail}")
+        print(f"  shrunk scenario: {describe_scenario(outcome)}")
+        print(f"  replay: {outcome.replay}")
+        if outcome.blob:
+            print(f"  blob: {outcome.blob}")
+        print(outcome.scenario.to_json())
+    if outcome.flaky:
+        print(f"  {len(outcome.flaky)} failure(s) did not reproduce on a rerun (see the log)")
+    sys.stdout.flush()
+
+
+def describe_scenario(outcome: FuzzOutcome) -> str:
+    scenario = outcome.scenario
+    c = scenario.config
+    sizes = ",".join(map(str, c.cudagraph_capture_sizes)) or "-"
+    steps = " then ".join(str([len(r.query_lens) if all(q == 1 for q in r.query_lens)
+                               else list(r.query_lens) for r in ranks])
+                          for ranks in scenario.steps)
+    faults = "".join(f"; {f.kind.value} on rank {f.rank} step {f.step} microbatch {f.ubatch}"
+                     for f in scenario.faults)
+    return (f"dp {c.dp_size}, k {c.num_ubatches}, {c.cudagraph_mode.name}, capture sizes "
+            f"{sizes}, thresholds {c.decode_threshold}/{c.prefill_threshold}, tokens {steps}"
+            f"{faults}")
+
+
+def _print_table(outcomes: list[FuzzOutcome]) -> None:
+    print(f"\n{'variant':24} {'verdict':8} {'checker':22} {'to detection':>14} {'examples':>8} "
+          f"{'seconds':>8}")
+    for o in outcomes:
+        verdict = "ok" if did_its_job(o) else ("FALSE" if o.found else "MISSED")
+        detect = (f"{o.examples_to_detection} / {o.seconds_to_detection:.1f}s" if o.found
+                  else "-")
+        print(f"{o.variant:24} {verdict:8} {o.checker or '-':22} {detect:>14} "
+              f"{o.examples:>8} {o.seconds:8.1f}")

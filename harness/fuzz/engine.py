@@ -1,0 +1,293 @@
+"""A budgeted Hypothesis search over DP skew on a world: the checkers are the property.
+
+Every scenario the search draws runs on the world and goes through every checker; the first
+failing one is raised to Hypothesis, which shrinks the scenario. A world run is the costly
+part, so results are memoised by scenario (shrinking revisits many), the search stops at the
+budget, and shrinking stops after its own bound, keeping the smallest failure so far.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shlex
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, Phase, Verbosity, given, settings, target
+from hypothesis import seed as hypothesis_seed
+from hypothesis import strategies as st
+from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis.errors import Flaky, Unsatisfiable
+from hypothesis.reporting import with_reporter
+
+from harness.fuzz import profiles  # noqa: F401 - registers the profiles by name
+from harness.fuzz.reduce import reduce_scenario
+from harness.fuzz.run_log import ExampleEntry, FindingEntry, VerdictEntry, append
+from harness.fuzz.variants import Variant
+from harness.gen.strategies import fuzz_configs, scenarios, steering
+from harness.scenario import Scenario
+from harness.world.results import ScenarioResult, Timeouts
+
+# Short bounds: a hang is found in seconds, and a failing example costs little to shrink.
+# A failure is only believed once it reproduces on a second run (see _Search.verdict).
+FUZZ_TIMEOUTS = Timeouts(collective_s=1.0, hang_s=1.5, step_deadline_s=3.0)
+SIM_DP_SIZES = (2, 3, 4)
+MAX_STEPS = 4  # steps per scenario: each config's capture serves several token vectors
+
+
+@dataclass(frozen=True)
+class Budget:
+    examples: int | None = None  # world runs at most (None: no bound)
+    seconds: float | None = 60.0  # wall-clock search time (None: no bound)
+    shrink_seconds: float = 30.0  # shrinking stops after this, keeping the smallest so far
+
+    @property
+    def max_examples(self) -> int:
+        return self.examples if self.examples is not None else 1_000_000
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the checkers said of one scenario, reduced to what the search needs."""
+
+    ok: bool
+    checker: str | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class FuzzOutcome:
+    variant: str
+    world: str
+    found: bool
+    checker: str | None
+    detail: str
+    scenario: Scenario | None  # the shrunk scenario
+    examples: int  # world runs in all (search and shrinking)
+    seconds: float
+    examples_to_detection: int | None  # world runs up to the first failure
+    seconds_to_detection: float | None
+    replay: str | None
+    blob: str | None
+    note: str = ""  # why the search ended
+    flaky: tuple[Scenario, ...] = ()  # scenarios that failed once and passed when rerun
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {"found": self.found, "variant": self.variant, "checker": self.checker,
+                "detail": self.detail,
+                "scenario": self.scenario.to_dict() if self.scenario else None,
+                "examples": self.examples, "seconds": round(self.seconds, 3),
+                "examples_to_detection": self.examples_to_detection,
+                "seconds_to_detection": (None if self.seconds_to_detection is None
+                                         else round(self.seconds_to_detection, 3)),
+                "replay": self.replay, "blob": self.blob, "world": self.world,
+                "note": self.note, "flaky": [s.to_dict() for s in self.flaky]}
+
+
+class _BudgetSpent(BaseException):  # noqa: N818 - a control-flow signal, not an error
+    """Ends the search. A BaseException so that Hypothesis does not take it for a failure
+    to shrink; it unwinds straight out of the engine."""
+
+
+class _CheckerFailed(Exception):  # noqa: N818 - named for what Hypothesis reports
+    def __init__(self, verdict: Verdict) -> None:
+        super().__init__(f"{verdict.checker}: {verdict.detail}")
+        self.verdict = verdict
+
+
+def first_failure(result: ScenarioResult, preferred: tuple[str, ...] = (),
+                  only: tuple[str, ...] | None = None) -> Verdict:
+    """The failing checker to report: one the variant is known by, else the earliest.
+    With `only`, failures of other checkers do not count (a hunt for one class)."""
+    failed = [v for _, v in result.failed_verdicts() if only is None or v.checker in only]
+    if not failed:
+        return Verdict(True)
+    by_name = {v.checker: v for v in reversed(failed)}
+    chosen = next((by_name[c] for c in preferred if c in by_name), failed[0])
+    return Verdict(False, chosen.checker, chosen.detail)
+
+
+def replay_command(path: str, world: str) -> str:
+    return f"python -m harness run --scenario {shlex.quote(path)} --world {world}"
+
+
+@dataclass
+class _Search:
+    """The mutable state of one search, seen by the Hypothesis test body."""
+
+    run: Callable[[Scenario], ScenarioResult]
+    variant: Variant
+    world: str
+    budget: Budget
+    log_path: Path | None
+    progress: Callable[[int, float, bool], None] | None
+    hunt: tuple[str, ...] | None = None  # only these checkers' failures count
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    start: float = field(default_factory=time.monotonic)
+    examples: int = 0
+    found_at: tuple[int, float] | None = None
+    results: dict[str, Verdict] = field(default_factory=dict)
+    last_failing: Scenario | None = None
+    flaky: list[Scenario] = field(default_factory=list)  # failed once, passed on the rerun
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def verdict(self, scenario: Scenario) -> Verdict | None:
+        key = json.dumps(scenario.to_dict(), sort_keys=True)
+        if key in self.results:
+            return self.results[key]
+        if self.found_at is None and self._spent():
+            raise _BudgetSpent
+        if self.found_at is not None and self.elapsed() - self.found_at[1] > \
+                self.budget.shrink_seconds:
+            return None  # shrinking is over: an unseen candidate counts as no smaller failure
+        verdict = self._judge(scenario)
+        if not verdict.ok and self._judge(scenario).ok:
+            # Short timeouts on a loaded machine can miss once; a real bug fails again.
+            self.flaky.append(scenario)
+            verdict = Verdict(True, None, f"flaky: {verdict.checker}: {verdict.detail}")
+        self.results[key] = verdict
+        if not verdict.ok and self.found_at is None:
+            self.found_at = (self.examples, self.elapsed())
+        if self.progress is not None:
+            self.progress(self.examples, self.elapsed(), self.found_at is not None)
+        return verdict
+
+    def _judge(self, scenario: Scenario) -> Verdict:
+        """One world run, logged, reduced to the checker that matters."""
+        began = time.monotonic()
+        result = self.run(scenario)
+        self.examples += 1
+        if self.log_path is not None:
+            append(self.log_path, _example_entry(self, scenario, result,
+                                                 time.monotonic() - began))
+        return first_failure(result, self.variant.caught_by, self.hunt)
+
+    def fails_like(self, scenario: Scenario, failure: _CheckerFailed) -> bool:
+        verdict = self.verdict(scenario)
+        return verdict is not None and verdict.checker == failure.verdict.checker
+
+    def _spent(self) -> bool:
+        b = self.budget
+        return ((b.seconds is not None and self.elapsed() >= b.seconds)
+                or (b.examples is not None and self.examples >= b.examples))
+
+
+def _example_entry(search: _Search, scenario: Scenario, result: ScenarioResult,
+                   seconds: float) -> ExampleEntry:
+    verdicts = [VerdictEntry(None, v.checker, v.ok, v.detail) for v in result.startup_verdicts]
+    verdicts += [VerdictEntry(i, v.checker, v.ok, v.detail)
+                 for i, step in enumerate(result.steps) for v in step.verdicts]
+    return ExampleEntry(search.run_id, search.variant.name, search.world, scenario.to_dict(),
+                        result.ok, tuple(verdicts), round(seconds, 4))
+
+
+def scenario_strategy(variant: Variant, fixed: Mapping[str, Any],
+                      dp_sizes: tuple[int, ...]) -> st.SearchStrategy[Scenario]:
+    """The variant's planted bug and the user's pinned fields over the fuzzer's space."""
+    pinned = {**dict(variant.changes), **fixed}
+    config = fuzz_configs(pinned, dp_sizes=dp_sizes, ubatch_counts=variant.ubatch_counts,
+                          drawn=dict(variant.drawn))
+    return scenarios(config, max_steps=MAX_STEPS, fault_kinds=variant.fault_kinds,
+                     fault_every=variant.fault_every, name=f"fuzz-{variant.name}")
+
+
+def database_key(variant: Variant, fixed: Mapping[str, Any], dp_sizes: tuple[int, ...]) -> bytes:
+    """Failures are kept per variant, pinned fields and DP sizes: replayed first next time."""
+    text = json.dumps([variant.name, sorted((k, str(v)) for k, v in fixed.items()),
+                       list(dp_sizes)])
+    return hashlib.sha256(text.encode()).digest()
+
+
+def fuzz(variant: Variant, run: Callable[[Scenario], ScenarioResult], *, world: str,
+         dp_sizes: tuple[int, ...], fixed: Mapping[str, Any] | None = None,
+         budget: Budget = Budget(), profile: str = "dev", database: str | None = None,
+         log_path: str | Path | None = None, scenario_dir: str | Path = ".harness/found",
+         seed: int | None = None, hunt: tuple[str, ...] | None = None,
+         progress: Callable[[int, float, bool], None] | None = None) -> FuzzOutcome:
+    """Search for a scenario some checker (one of `hunt`, if given) rejects; shrink and
+    return it, or report that none was found within the budget."""
+    fixed = dict(fixed or {})
+    search = _Search(run, variant, world, budget, Path(log_path) if log_path else None,
+                     progress, hunt)
+    strategy = scenario_strategy(variant, fixed, dp_sizes)
+    phases = [Phase.reuse, Phase.generate, Phase.target, Phase.shrink]
+    reports: list[str] = []
+
+    @settings(settings.get_profile(profile), max_examples=budget.max_examples,
+              database=DirectoryBasedExampleDatabase(database) if database else None,
+              deadline=None, phases=phases, report_multiple_bugs=False, print_blob=True,
+              verbosity=Verbosity.quiet, suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def probe(data: st.DataObject) -> None:
+        scenario = data.draw(strategy, label="scenario")
+        for label, value in steering(scenario).items():
+            target(value, label=label)
+        verdict = search.verdict(scenario)
+        if verdict is not None and not verdict.ok:
+            # Hypothesis replays the minimal example last: this ends up the shrunk one.
+            search.last_failing = scenario
+            raise _CheckerFailed(verdict)
+
+    probe.hypothesis.inner_test._hypothesis_internal_database_key = database_key(
+        variant, fixed, dp_sizes)
+    if seed is not None:
+        probe = hypothesis_seed(seed)(probe)
+    failure: _CheckerFailed | None = None
+    note = ""
+    try:
+        with with_reporter(reports.append):
+            probe()
+    except _BudgetSpent:
+        note = "budget spent"
+    except _CheckerFailed as exc:
+        failure = exc
+    except Flaky as exc:
+        note = f"flaky: a failing scenario passed on replay ({exc})"
+    except Unsatisfiable:
+        note = "no legal scenario: the pinned fields exclude every draw"
+    seconds = search.elapsed()
+    if failure is None:
+        return FuzzOutcome(variant.name, world, False, None, "", None, search.examples,
+                           seconds, None, None, None, None, note or "examples exhausted",
+                           tuple(search.flaky))
+    minimal = reduce_scenario(search.last_failing, lambda s: search.fails_like(s, failure))
+    # Saved as a regression scenario: the checker that must catch it, and the undo.
+    shrunk = replace(minimal, caught_by=failure.verdict.checker,
+                     reference_changes=variant.undo)
+    path = Path(scenario_dir) / f"{variant.name}-{search.run_id}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(shrunk.to_json() + "\n")
+    found_examples, found_seconds = search.found_at or (None, None)
+    outcome = FuzzOutcome(variant.name, world, True, failure.verdict.checker,
+                          failure.verdict.detail, shrunk, search.examples, seconds,
+                          found_examples, found_seconds, replay_command(str(path), world),
+                          _blob(failure, reports), note, tuple(search.flaky))
+    if search.log_path is not None:
+        append(search.log_path, finding_entry(search.run_id, outcome))
+    return outcome
+
+
+def finding_entry(run_id: str, outcome: FuzzOutcome) -> FindingEntry:
+    return FindingEntry(run_id, outcome.variant, outcome.world, outcome.found, outcome.checker,
+                        outcome.scenario.to_dict() if outcome.scenario else None,
+                        outcome.examples, round(outcome.seconds, 3), outcome.replay,
+                        outcome.blob)
+
+
+_BLOB = re.compile(r"@reproduce_failure\([^)]*\)")
+
+
+def _blob(failure: BaseException, reports: list[str]) -> str | None:
+    for text in [*getattr(failure, "__notes__", []), *reports]:
+        match = _BLOB.search(text)
+        if match:
+            return match.group(0)
+    return None

@@ -1,0 +1,102 @@
+"""The run log: one JSON object per line, one per example judged and one per finding.
+
+The fuzzer appends to it; `python -m harness report` reads it back. Plain dicts on disk so
+that a log written by an older version still reads.
+
+    {"type": "example", "run": ..., "variant": ..., "world": ..., "scenario": {...},
+     "ok": bool, "verdicts": [{"step": null | i, "checker": ..., "ok": bool, "detail": ...}],
+     "seconds": float}
+    {"type": "finding", "run": ..., "variant": ..., "world": ..., "found": bool,
+     "checker": ... | null, "scenario": {...} | null, "examples": int, "seconds": float,
+     "replay": ... | null, "blob": ... | null}
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.errors import ConfigError
+
+DEFAULT_LOG = ".harness/fuzz-log.jsonl"
+
+
+@dataclass(frozen=True)
+class VerdictEntry:
+    step: int | None  # None: a start-up (capture) verdict
+    checker: str
+    ok: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class ExampleEntry:
+    run: str
+    variant: str
+    world: str
+    scenario: dict[str, Any]
+    ok: bool
+    verdicts: tuple[VerdictEntry, ...]
+    seconds: float
+
+    @property
+    def failed(self) -> tuple[VerdictEntry, ...]:
+        return tuple(v for v in self.verdicts if not v.ok)
+
+
+@dataclass(frozen=True)
+class FindingEntry:
+    run: str
+    variant: str
+    world: str
+    found: bool
+    checker: str | None
+    scenario: dict[str, Any] | None
+    examples: int
+    seconds: float
+    replay: str | None
+    blob: str | None = None
+
+
+Entry = ExampleEntry | FindingEntry
+
+
+def entry_to_dict(entry: Entry) -> dict[str, Any]:
+    kind = "example" if isinstance(entry, ExampleEntry) else "finding"
+    return {"type": kind, **asdict(entry)}
+
+
+def append(path: str | Path, entry: Entry) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps(entry_to_dict(entry)) + "\n")
+
+
+def read_log(path: str | Path) -> Iterator[Entry]:
+    """Every entry of a log; a malformed line is a ConfigError naming the file and line."""
+    path = Path(path)
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise ConfigError("log", f"cannot read {path}: {exc.strerror}") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            yield _entry_from_dict(json.loads(line))
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise ConfigError("log", f"{path}:{number} is not a run-log entry ({exc})") from None
+
+
+def _entry_from_dict(data: dict[str, Any]) -> Entry:
+    kind = data.pop("type")
+    if kind == "example":
+        data["verdicts"] = tuple(VerdictEntry(**v) for v in data["verdicts"])
+        return ExampleEntry(**data)
+    if kind == "finding":
+        return FindingEntry(**data)
+    raise ValueError(f"unknown entry type {kind!r}")

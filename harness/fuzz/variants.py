@@ -1,0 +1,83 @@
+"""The systems the fuzzer can be pointed at: the reference, and one variant per known bug.
+
+A variant plants its bug through config switches (and, for protocol bugs, the faults that
+trigger them); the fuzzer is told nothing else. Each names the checkers that catch it, so a
+detection counts only when the bug shows as itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypothesis import strategies as st
+
+from harness.errors import ConfigError
+from harness.scenario import FaultKind
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    summary: str
+    changes: tuple[tuple[str, Any], ...] = ()  # config fields that plant the bug
+    undo: tuple[tuple[str, Any], ...] = ()  # config fields that take it out again
+    caught_by: tuple[str, ...] = ()  # checkers that catch it; empty for the reference
+    ubatch_counts: tuple[int, ...] = (2, 3, 4)
+    fault_kinds: tuple[FaultKind, ...] = ()  # the nemesis drawn into scenarios
+    fault_every: int = 1  # about one scenario in this many carries a fault
+    # Fields drawn per example rather than fixed (their strategies).
+    drawn: tuple[tuple[str, st.SearchStrategy], ...] = field(default=(), compare=False)
+
+    @property
+    def is_reference(self) -> bool:
+        return not self.caught_by
+
+
+CONTAINED_FAULTS = (FaultKind.RAISE_IN_UBATCH, FaultKind.RETURN_WITHOUT_YIELDING)
+
+VARIANTS: dict[str, Variant] = {v.name: v for v in (
+    Variant("reference", "the fixed guard, reachable twins, abortable protocol, capture on the "
+            "runner's stream; with contained microbatch faults now and then",
+            fault_kinds=CONTAINED_FAULTS, fault_every=8),
+    Variant("guard-merged", "PR #51700 as merged (and vllm 0.33.0): eager only when "
+            "2 * min < G, so a rank at exactly G / 2 replays an empty microbatch",
+            changes=(("guard", "merged"),), undo=(("guard", "fixed"),),
+            caught_by=("no_empty_region", "captured_split")),
+    Variant("guard-strict-k2", "the guard `2 * min <= G` with its literal 2: wrong for k > 2",
+            changes=(("guard", "strict-k2"),), undo=(("guard", "fixed"),),
+            caught_by=("no_empty_region", "captured_split"),
+            ubatch_counts=(3, 4)),
+    Variant("unreachable-twins", "a microbatched twin generated for every FULL size, including "
+            "sizes no legal batch can reach (captured and held for nothing)",
+            changes=(("twins", "all"),), undo=(("twins", "reachable"),),
+            caught_by=("graphs_reachable",)),
+    Variant("stock-protocol", "the stock microbatch protocol: a microbatch that fails after its "
+            "first yield leaves its sibling waiting forever",
+            changes=(("protocol", "stock"),), undo=(("protocol", "abortable"),),
+            caught_by=("liveness", "errors"),
+            fault_kinds=(FaultKind.RAISE_IN_UBATCH,)),
+    Variant("capture-side-stream", "the draft of PR #51700: microbatched graphs captured on the "
+            "graph context's side stream while the threads launch on the runner's stream",
+            changes=(("capture_on", "side"),), undo=(("capture_on", "runner"),),
+            caught_by=("graphs_capture_work", "matches_reference")),
+    Variant("asymmetric-candidates", "one rank derives its twins with a shifted decode "
+            "threshold, so the ranks capture different graphs",
+            caught_by=("capture_symmetry", "agreement", "startup"),
+            undo=(("threshold_offset", 0), ("threshold_offset_rank", None)),
+            drawn=(("threshold_offset_rank", st.integers(0, 1)),
+                   ("threshold_offset", st.integers(1, 32)))),
+)}
+
+
+def expects_a_finding(variant_name: str) -> bool:
+    """A planted bug must be found; the reference must stay clean."""
+    return variant_name in VARIANTS and not VARIANTS[variant_name].is_reference
+
+
+def variant_named(name: str) -> Variant:
+    try:
+        return VARIANTS[name]
+    except KeyError:
+        raise ConfigError("variant", f"unknown variant {name!r} (one of "
+                          f"{', '.join(VARIANTS)}, or all)") from None

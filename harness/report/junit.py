@@ -1,0 +1,119 @@
+"""JUnit XML for CI: one suite per variant, one test case per finding.
+
+A finding fails by `finding_passes`: found on the reference, or a planted bug missed. Each
+checker that failed an example gets a case too; it fails only on the reference, where no
+checker may fail.
+"""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from collections import defaultdict
+
+from harness.fuzz.variants import expects_a_finding
+from harness.report.logs import Example, Finding, RunLogs, step_tokens
+from harness.report.outcome import finding_outcome, finding_passes, variant_order
+
+
+def junit_xml(logs: RunLogs) -> str:
+    root = junit_element(logs)
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode")
+
+
+def junit_element(logs: RunLogs) -> ET.Element:
+    root = ET.Element("testsuites", name="dbo-harness fuzz")
+    variants = variant_order([e.entry.variant for e in logs.examples]
+                             + [f.entry.variant for f in logs.findings])
+    for variant in variants:
+        findings = [f for f in logs.findings if f.entry.variant == variant]
+        examples = [e for e in logs.examples if e.entry.variant == variant]
+        root.append(_suite(variant, findings, examples))
+    _set_counts(root, root.findall("testsuite"))
+    return root
+
+
+def _suite(variant: str, findings: list[Finding], examples: list[Example]) -> ET.Element:
+    suite = ET.Element("testsuite", name=f"fuzz.{variant}")
+    props = ET.SubElement(suite, "properties")
+    expected = "the planted bug found" if expects_a_finding(variant) else "nothing found"
+    ET.SubElement(props, "property", name="expected", value=expected)
+    several = len(findings) > 1
+    for finding in findings:
+        suite.append(_finding_case(finding, several))
+    for checker, failing in sorted(_failing_by_checker(examples).items()):
+        suite.append(_checker_case(variant, checker, failing))
+    _set_counts(suite, suite.findall("testcase"))
+    return suite
+
+
+def _finding_case(finding: Finding, several: bool) -> ET.Element:
+    entry = finding.entry
+    name = f"fuzz[{entry.variant}]" + (f" run {entry.run}" if several else "")
+    case = ET.Element("testcase", classname=f"fuzz.{entry.world}", name=name,
+                      time=f"{entry.seconds:.3f}")
+    if entry.found:
+        text = _found_text(finding)
+        if finding_passes(entry):
+            ET.SubElement(case, "system-out").text = text
+        else:
+            failure = ET.SubElement(case, "failure", message=entry.checker or "found",
+                                    type=finding_outcome(entry))
+            failure.text = text
+    elif not finding_passes(entry):
+        failure = ET.SubElement(case, "failure", message="missed", type=finding_outcome(entry))
+        failure.text = (f"no checker failed in {entry.examples} examples "
+                        f"({entry.seconds:.1f} s); the planted bug went undetected")
+    return case
+
+
+def _found_text(finding: Finding) -> str:
+    entry = finding.entry
+    lines = [f"checker: {entry.checker}", f"examples: {entry.examples}"]
+    if finding.scenario is not None:
+        lines.append(f"tokens per step per rank: {step_tokens(finding.scenario)}")
+    if entry.replay:
+        lines += ["", "replay:", f"  {entry.replay}"]
+    if entry.blob:
+        lines += ["", f"hypothesis blob: {entry.blob}"]
+    if entry.scenario is not None:
+        lines += ["", "scenario:", json.dumps(entry.scenario, indent=2)]
+    return "\n".join(lines) + "\n"
+
+
+def _failing_by_checker(examples: list[Example]) -> dict[str, list[Example]]:
+    # An example counts once per checker, however many of its steps that checker failed.
+    by_checker: dict[str, list[Example]] = defaultdict(list)
+    for example in examples:
+        for checker in dict.fromkeys(v.checker for v in example.entry.failed):
+            by_checker[checker].append(example)
+    return by_checker
+
+
+def _checker_case(variant: str, checker: str, failing: list[Example]) -> ET.Element:
+    case = ET.Element("testcase", classname=f"examples.{variant}",
+                      name=f"examples[{variant}].{checker}", time="0.000")
+    first = failing[0]
+    detail = next(v.detail for v in first.entry.failed if v.checker == checker)
+    text = (f"examples failing {checker}: {len(failing)}; the first, tokens "
+            f"{step_tokens(first.scenario)}: {detail}\n")
+    if not expects_a_finding(variant):
+        failure = ET.SubElement(case, "failure", message=checker, type="example-failed")
+        failure.text = text
+    else:
+        ET.SubElement(case, "system-out").text = text
+    return case
+
+
+def _set_counts(element: ET.Element, children: list[ET.Element]) -> None:
+    if element.tag == "testsuites":
+        tests = sum(int(c.get("tests", "0")) for c in children)
+        failures = sum(int(c.get("failures", "0")) for c in children)
+    else:
+        tests, failures = len(children), sum(c.find("failure") is not None for c in children)
+    seconds = sum(float(c.get("time", "0")) for c in children)
+    element.set("tests", str(tests))
+    element.set("failures", str(failures))
+    element.set("errors", "0")
+    element.set("time", f"{seconds:.3f}")

@@ -1,0 +1,54 @@
+"""Every verdict of every example as one JSON document, plus the findings.
+
+    {"verdicts": [{"variant", "world", "run", "scenario_name", "tokens", "step", "checker",
+                   "ok", "detail"}],
+     "findings": [{"variant", "world", "run", "outcome", "passes", "found", "checker",
+                   "scenario_name", "tokens", "examples", "seconds", "replay", "blob",
+                   "scenario"}]}
+
+`tokens` is per step, per rank token counts; `step` null is a start-up (capture) verdict.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from harness.report.logs import Example, Finding, RunLogs, step_tokens
+from harness.report.outcome import finding_outcome, finding_passes
+
+
+def verdicts_json(logs: RunLogs) -> str:
+    """The document with one verdict or finding per line: greppable, and diffs stay small."""
+    document = verdicts_document(logs)
+    parts = []
+    for key, rows in document.items():
+        body = ",\n".join(f"  {json.dumps(row)}" for row in rows)
+        parts.append(f" {json.dumps(key)}: [\n{body}\n ]" if rows else f" {json.dumps(key)}: []")
+    return "{\n" + ",\n".join(parts) + "\n}\n"
+
+
+def verdicts_document(logs: RunLogs) -> dict[str, Any]:
+    return {"verdicts": [row for e in logs.examples for row in verdict_rows(e)],
+            "findings": [finding_row(f) for f in logs.findings]}
+
+
+def verdict_rows(example: Example) -> list[dict[str, Any]]:
+    entry = example.entry
+    tokens = step_tokens(example.scenario)
+    return [{"variant": entry.variant, "world": entry.world, "run": entry.run,
+             "scenario_name": example.scenario.name, "tokens": tokens, "step": v.step,
+             "checker": v.checker, "ok": v.ok, "detail": v.detail}
+            for v in entry.verdicts]
+
+
+def finding_row(finding: Finding) -> dict[str, Any]:
+    entry = finding.entry
+    scenario = finding.scenario
+    return {"variant": entry.variant, "world": entry.world, "run": entry.run,
+            "outcome": finding_outcome(entry), "passes": finding_passes(entry),
+            "found": entry.found, "checker": entry.checker,
+            "scenario_name": None if scenario is None else scenario.name,
+            "tokens": None if scenario is None else step_tokens(scenario),
+            "examples": entry.examples, "seconds": entry.seconds, "replay": entry.replay,
+            "blob": entry.blob, "scenario": entry.scenario}

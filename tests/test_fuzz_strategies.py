@@ -1,0 +1,90 @@
+"""The fuzzer's generators: skew shapes, boundary pulls, pinned fields and the steering."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, find, given, settings
+from hypothesis import strategies as st
+
+from harness.config import HarnessConfig
+from harness.fuzz.engine import scenario_strategy
+from harness.fuzz.variants import VARIANTS
+from harness.gen.strategies import (
+    boundary_token_counts,
+    fuzz_configs,
+    skewed_token_counts,
+    steering,
+    straddling_token_counts,
+)
+from harness.scenario import RankStep, Scenario
+from harness.sut.thresholds import last_region_start
+
+CONFIG = HarnessConfig(dp_size=4, capture_sizes=(16, 32), max_num_reqs=64,
+                       max_num_batched_tokens=64, decode_threshold=4, prefill_threshold=16)
+
+
+def test_boundaries_hold_thresholds_sizes_region_starts_their_neighbours_and_one_past_the_top():
+    points = set(boundary_token_counts(CONFIG))
+    assert {3, 4, 5, 15, 16, 17, 31, 32, 33} <= points  # thresholds, sizes, +-1
+    assert {7, 8, 9} <= points  # the region start of 16 for k = 2
+    assert 33 in points  # the largest capture size + 1: no graph holds it
+
+
+@given(straddling_token_counts(CONFIG))
+def test_a_straddle_puts_one_rank_on_a_region_start_and_pads_the_rest_to_one_graph(counts):
+    light = min(counts)
+    heavy = [n for i, n in enumerate(counts) if i != counts.index(light)]
+    graph = next(g for g in (16, 32) if max(counts) <= g)
+    assert all(n <= graph for n in heavy) and max(counts) > (16 if graph == 32 else 0)
+    starts = {last_region_start(g, 2) for g in (16, 32)}
+    assert any(abs(light - s) <= 1 for s in starts)
+
+
+@given(st.data())
+def test_every_skew_shape_gives_one_legal_count_per_rank(data):
+    counts = data.draw(skewed_token_counts(CONFIG))
+    assert len(counts) == CONFIG.dp_size
+    assert all(0 <= n <= CONFIG.max_num_batched_tokens for n in counts)
+
+
+@pytest.mark.parametrize("shape, holds", [
+    ("an idle rank", lambda c: 0 in c and max(c) > 0),
+    ("all ranks equal", lambda c: len(set(c)) == 1 and c[0] > 0),
+    ("one heavy rank", lambda c: sum(n > 2 for n in c) == 1),
+    ("a zipf tail", lambda c: max(c) >= 12 and sorted(c, reverse=True) == [
+        max(c) // d for d in (1, 2, 3, 4)]),
+])
+def test_each_skew_shape_is_drawn(shape, holds):
+    find(skewed_token_counts(CONFIG), holds, settings=settings(max_examples=2000, database=None))
+
+
+@given(fuzz_configs({"guard": "merged", "capture_sizes": [24], "dp_size": 3}))
+def test_pinned_fields_are_kept_and_the_rest_is_drawn_legal(config):
+    assert (config.guard.value, config.cudagraph_capture_sizes or (24,), config.dp_size) == \
+        ("merged", (24,), 3)
+    assert config.decode_threshold >= config.num_ubatches
+
+
+@given(fuzz_configs({"enable_dbo": False, "ubatch_size": 3}))
+def test_a_pinned_microbatch_count_lifts_drawn_thresholds_to_it(config):
+    assert config.num_ubatches == 3
+    assert min(config.decode_threshold, config.prefill_threshold) >= 3
+
+
+@settings(max_examples=50, suppress_health_check=[HealthCheck.too_slow])
+@given(scenario_strategy(VARIANTS["stock-protocol"], {}, (2, 3)))
+def test_a_protocol_variant_carries_its_fault_in_every_scenario(scenario):
+    assert [f.kind.value for f in scenario.faults] == ["raise_in_ubatch"]
+    assert scenario.config.protocol.value == "stock"
+
+
+def test_steering_is_highest_at_the_guard_boundary_and_counts_padding():
+    config = HarnessConfig(dp_size=2, capture_sizes=(16,), max_num_reqs=64,
+                           max_num_batched_tokens=64, decode_threshold=2, prefill_threshold=16)
+
+    def scenario(a: int, b: int) -> Scenario:
+        return Scenario(config, ((RankStep((1,) * a), RankStep((1,) * b)),))
+
+    at_boundary, away = steering(scenario(8, 16)), steering(scenario(12, 16))
+    assert at_boundary["guard boundary closeness"] > away["guard boundary closeness"]
+    assert steering(scenario(9, 10))["padding"] == 7.0  # 9 tokens padded to the 16 graph

@@ -1,0 +1,115 @@
+"""The fuzzer's parts that need no world of their own: the last shrink pass, the choice of
+the failing checker, the exhaustive cross-check, and `python -m harness fuzz` itself."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.cli import EXIT_BAD_INPUT, EXIT_FOUND, main
+from harness.config import HarnessConfig
+from harness.fuzz.crosscheck import cross_check
+from harness.fuzz.engine import FUZZ_TIMEOUTS, Budget
+from harness.fuzz.reduce import reduce_scenario, simpler_scenarios
+from harness.fuzz.run_log import ExampleEntry, FindingEntry, read_log
+from harness.scenario import Fault, FaultKind, RankStep, Scenario
+from harness.world.sim import SimWorld
+
+CONFIG = HarnessConfig(dp_size=4, capture_sizes=(8,), max_num_reqs=16,
+                       max_num_batched_tokens=16, decode_threshold=2, prefill_threshold=4)
+
+
+def four_rank_scenario() -> Scenario:
+    step = tuple(RankStep((1,) * n) for n in (2, 8, 5, 8))
+    other = tuple(RankStep((1,) * n) for n in (1, 1, 1, 1))
+    return Scenario(CONFIG, (other, step), (Fault(FaultKind.RAISE_IN_UBATCH, 3, 1),))
+
+
+def test_the_last_shrink_pass_drops_steps_and_ranks_while_the_failure_holds():
+    # The "failure": some rank holds 2 tokens while another holds 8.
+    def fails(s: Scenario) -> bool:
+        return any({2, 8} <= {len(r.query_lens) for r in ranks} for ranks in s.steps)
+
+    reduced = reduce_scenario(four_rank_scenario(), fails)
+    assert reduced.config.dp_size == 2 and len(reduced.steps) == 1
+    assert sorted(len(r.query_lens) for r in reduced.steps[0]) == [2, 8]
+
+
+def test_dropping_a_rank_renumbers_the_faults_of_the_ranks_after_it():
+    smaller = four_rank_scenario().without_rank(1)
+    assert smaller.config.dp_size == 3
+    assert [len(r.query_lens) for r in smaller.steps[1]] == [2, 5, 8]
+    assert smaller.faults == (Fault(FaultKind.RAISE_IN_UBATCH, 2, 1),)
+    assert four_rank_scenario().without_rank(3).faults == ()
+
+
+def test_a_single_step_keeps_only_its_faults_and_two_ranks_are_the_floor():
+    alone = four_rank_scenario().only_step(1)
+    assert len(alone.steps) == 1 and alone.faults == (Fault(FaultKind.RAISE_IN_UBATCH, 3, 0),)
+    two = Scenario(CONFIG.with_changes(dp_size=2), ((RankStep((1,)), RankStep((1,))),))
+    assert list(simpler_scenarios(two)) == []
+
+
+@pytest.mark.parametrize("changes, enumerated", [
+    ({"guard": "merged"}, "no_empty_region"),
+    ({"threshold_offset_rank": 1, "threshold_offset": 8}, "agreement"),
+])
+def test_no_failure_class_the_enumeration_finds_is_missed_by_the_fuzzer(changes, enumerated):
+    config = HarnessConfig(dp_size=2, capture_sizes=(8, 16), max_num_reqs=16,
+                           max_num_batched_tokens=16, decode_threshold=2, prefill_threshold=4,
+                           **changes)
+    with SimWorld(2, FUZZ_TIMEOUTS) as world:
+        check = cross_check(config, world.run, world="sim", max_tokens=16,
+                            budget=Budget(examples=200, seconds=None), seed=0)
+    assert enumerated in check.enumerated
+    assert check.missed == (), check.found
+
+
+def fuzz_json(capsys, tmp_path, *flags: str) -> tuple[int, dict]:
+    code = main(["fuzz", "--json", "--no-database", "--log", str(tmp_path / "log.jsonl"),
+                 "--found-dir", str(tmp_path / "found"), *flags])
+    return code, json.loads(capsys.readouterr().out.splitlines()[-1])
+
+
+def test_fuzz_prints_the_shrunk_case_with_its_replay_and_logs_every_example(capsys, tmp_path):
+    code, out = fuzz_json(capsys, tmp_path, "--variant", "capture-side-stream", "--nproc", "2",
+                          "--examples", "50", "--hypothesis-seed", "0")
+    assert code == EXIT_FOUND
+    assert set(out) >= {"found", "variant", "checker", "scenario", "examples", "seconds",
+                        "replay"}
+    assert (out["found"], out["variant"], out["checker"]) == \
+        (True, "capture-side-stream", "graphs_capture_work")
+    assert out["replay"].startswith("python -m harness run --scenario ")
+    assert out["scenario"]["expect"] == {"caught_by": "graphs_capture_work",
+                                         "reference": {"capture_on": "runner"}}
+    entries = list(read_log(tmp_path / "log.jsonl"))
+    examples = [e for e in entries if isinstance(e, ExampleEntry)]
+    assert len(examples) == out["examples"]
+    assert [e.found for e in entries if isinstance(e, FindingEntry)] == [True]
+
+
+def test_fuzz_pins_what_the_flags_name(capsys, tmp_path):
+    code, out = fuzz_json(capsys, tmp_path, "--guard", "merged", "--capture-sizes", "24",
+                          "--nproc", "2", "--num-ubatches", "2", "--examples", "200",
+                          "--hypothesis-seed", "0")
+    assert code == EXIT_FOUND, out
+    config = out["scenario"]["config"]
+    assert (config["guard"], config["capture_sizes"], config["dp_size"]) == \
+        ("merged", [24], 2)
+    tokens = [r.get("tokens") for r in out["scenario"]["steps"][0]["ranks"]]
+    assert min(tokens) == 12  # exactly half the only graph
+
+
+@pytest.mark.parametrize("flags, field", [
+    (["--guard", "bogus"], "guard"),
+    (["--variant", "nope"], "variant"),
+    (["--examples", "0"], "examples"),
+    (["--nproc", "1"], "dp_size"),
+    (["--world", "torchrun", "--backend", "nccl"], "nproc"),
+])
+def test_fuzz_answers_bad_input_with_one_line_naming_the_field(capsys, tmp_path, flags, field):
+    code = main(["fuzz", "--no-database", "--log", str(tmp_path / "log"), *flags])
+    err = capsys.readouterr().err.strip()
+    assert code == EXIT_BAD_INPUT
+    assert len(err.splitlines()) == 1 and field in err, err
