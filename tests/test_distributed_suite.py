@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from harness.fuzz.engine import Budget, fuzz, scenario_strategy
 from harness.fuzz.variants import VARIANTS
-from harness.scenario import load_scenario
+from harness.scenario import load_scenario, scenario_from_dict
 from harness.sut.thresholds import last_region_start
 
 pytestmark = pytest.mark.dist
@@ -47,6 +47,23 @@ def test_every_checker_holds_on_skewed_dp_steps_of_the_reference(world, data):
     scenario = data.draw(scenario_strategy(VARIANTS["reference"], {}, (world.nproc,)))
     result = world.run(scenario)
     assert result.ok, describe(result)
+
+
+def test_every_rank_stops_after_a_step_in_which_any_rank_failed(world):
+    # Found by the fuzzer on the torchrun world: the rank whose microbatch was faulted
+    # stopped, its peer went on to the next step's sync alone and was reported as hung.
+    scenario = scenario_from_dict({
+        "name": "peer-goes-on-alone",
+        "config": {"dp_size": world.nproc, "cudagraph_mode": "NONE",
+                   "all2all_backend": "deepep_high_throughput", "decode_threshold": 2,
+                   "prefill_threshold": 16, "max_num_reqs": 4, "max_num_batched_tokens": 64},
+        "steps": [{"ranks": [{"query_lens": [28]}] + [{"query_lens": [16]}] * (world.nproc - 1)},
+                  {"ranks": [{"query_lens": [46]}] * world.nproc}],
+        "faults": [{"kind": "return_without_yielding", "rank": 1, "step": 0, "ubatch": 1}]})
+    result = world.run(scenario)
+    assert result.ok, describe(result)
+    assert len(result.steps) == 1
+    assert any(r.error is not None for r in result.steps[0].records)
 
 
 def graph_of(config, tokens: int) -> int:

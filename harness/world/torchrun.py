@@ -205,6 +205,7 @@ class TorchrunWorld:
                     except (wire.ChannelClosed, TimeoutError):
                         selector.unregister(key.fileobj)
                         lost[rank] = self._why_lost(rank, scenario)
+                        self._send_to_all(("next", False))  # the survivors stop after it
                         continue
                     deadline[rank] = time.monotonic() + self.timeouts.step_deadline_s + 5.0
                     if message[0] == "startup":
@@ -216,11 +217,14 @@ class TorchrunWorld:
                         while len(steps) <= index:
                             steps.append([None] * n)
                         steps[index][rank] = record
+                        if all(r is not None for r in steps[index]):
+                            self._send_to_all(("next", not step_failed(steps[index])))
                     elif message[0] == "done":
                         done.add(rank)
                     elif message[0] == "crash":
                         selector.unregister(key.fileobj)
                         lost[rank] = f"crashed:\n{message[2]}"
+                        self._send_to_all(("next", False))
         finally:
             selector.close()
         if not lost:
@@ -232,9 +236,12 @@ class TorchrunWorld:
 
     def _send_go(self, startup) -> None:
         go = startup_lets_steps_run(check_startup(startup, self.timeouts.startup_deadline_s))
+        self._send_to_all(("steps", go))
+
+    def _send_to_all(self, message) -> None:
         for sock in self._socks.values():
             try:
-                wire.send(sock, ("steps", go))
+                wire.send(sock, message)
             except OSError:
                 pass  # a lost rank shows up in the collection loop
 

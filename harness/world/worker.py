@@ -97,7 +97,9 @@ class Worker:
                     os.kill(os.getpid(), signal.SIGKILL)
                 record = runtime.step(i, requests[i][self.rank], ranks[self.rank], faults)
                 wire.send(self.sock, ("step", i, record))
-                if record.error is not None:
+                # Every rank stops after a step in which any rank failed, as in the sim
+                # world: a rank that went on alone would wait in the next sync for nobody.
+                if wire.recv(self.sock) != ("next", True):
                     break
         wire.send(self.sock, ("done",))
 
