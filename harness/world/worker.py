@@ -31,6 +31,7 @@ from harness.world.collector import collector_paused
 from harness.world.results import Timeouts
 
 WATCHDOG_PERIOD_S = 0.5
+ARRIVAL_TIMEOUT_S = 60.0
 
 
 def _alive(pid: int) -> bool:
@@ -50,6 +51,21 @@ def _watch_parents(driver_pid: int) -> None:
         if os.getppid() != agent or not _alive(driver_pid):
             os._exit(3)
         time.sleep(WATCHDOG_PERIOD_S)
+
+
+def _wait_for_every_rank(world_size: int) -> None:
+    """Every rank arrives before any connects: gloo waits for its peers' addresses only as
+    long as the collective timeout, which the fuzzer sets to a second, while workers finish
+    importing torch seconds apart on a loaded machine."""
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          world_size, is_master=False,
+                          timeout=timedelta(seconds=ARRIVAL_TIMEOUT_S))
+    store.add("harness-arrived", 1)
+    deadline = time.monotonic() + ARRIVAL_TIMEOUT_S
+    while store.add("harness-arrived", 0) < world_size:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not every rank arrived within {ARRIVAL_TIMEOUT_S:.0f} s")
+        time.sleep(0.01)
 
 
 class Worker:
@@ -125,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     wire.send(sock, ("hello", rank, os.getpid()))
     try:
+        _wait_for_every_rank(int(os.environ["WORLD_SIZE"]))
         dist.init_process_group(args.backend,
                                 timeout=timedelta(seconds=args.collective_timeout))
         group = dist.group.WORLD
