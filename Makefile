@@ -18,7 +18,7 @@ endif
 FUZZ_SECONDS ?= 60
 FUZZ_LOG ?= .harness/fuzz-log.jsonl
 
-.PHONY: env test test-dp fuzz report bench lint clean
+.PHONY: env test test-dp test-vllm test-gpu fuzz report bench bench-gpu lint clean
 
 env: $(ENV_STAMP)
 
@@ -36,6 +36,24 @@ test: $(ENV_STAMP)
 # Hypothesis pass over DP skew, the fault tests; ends with a table of every scenario run.
 test-dp: $(ENV_STAMP)
 	$(PYTHON) -m pytest -q -m dist --world torchrun --nproc $(NPROC) --backend $(BACKEND) tests
+
+# The GPU suite: real CUDA graphs and NCCL on the single-rank GPU world (one H200 is enough),
+# with what the GPU machine has installed; every test skips with a reason where no GPU is.
+test-gpu: $(ENV_STAMP)
+	$(PYTHON) -m pytest -q -m gpu tests
+
+# Eager, eager microbatched, FULL and microbatched FULL steps of the miniature MoE at decode
+# sizes on the GPU (CUDA-event medians), graph pool memory, memory of unreachable twins.
+bench-gpu: $(ENV_STAMP)
+	$(PYTHON) -m harness.bench_gpu
+
+# vLLM 0.33.0's own decision functions as the system under test. vllm pins a CUDA torch, so
+# it goes in with --no-deps on top of the torch here, with its pure-Python requirements pinned
+# (about 1.5 GB more and 2-3 minutes the first time); without a registry its tests skip.
+test-vllm: $(ENV_STAMP)
+	$(PYTHON) -m pip install --quiet --no-deps -r requirements-vllm.txt \
+		|| echo "vllm could not be installed here: its tests will skip"
+	$(PYTHON) -m pytest -q -n $(PYTEST_WORKERS) tests/test_vllm_sut.py tests/test_vllm_fuzz.py
 
 # The fuzzer's self-check on an NPROC-rank torchrun world: every planted bug must be found
 # and shrunk from an empty example database within FUZZ_SECONDS, and the reference must stay

@@ -70,6 +70,17 @@ class All2AllBackend(enum.Enum):
     HIGH_THROUGHPUT = "deepep_high_throughput"  # yield first, then a blocking all-to-all
 
 
+class DecisionSystem(enum.Enum):
+    """Whose decision code the ranks run: candidates, dispatch, thresholds and the DP sync."""
+
+    HARNESS = "harness"  # the harness's miniature, with its variant switches
+    VLLM = "vllm"  # the installed vLLM's own functions (harness/vllm_sut)
+
+
+# Switches of the harness's miniature; the vllm system brings its own behaviour.
+HARNESS_ONLY_FIELDS = (("guard", "fixed"), ("twins", "reachable"), ("threshold_offset_rank", None))
+
+
 class CaptureOn(enum.Enum):
     """Which stream a microbatched graph is captured on (dbo-reference 2.8)."""
 
@@ -135,6 +146,7 @@ class HarnessConfig:
     protocol: Protocol = Protocol.ABORTABLE
     all2all_backend: All2AllBackend = All2AllBackend.LOW_LATENCY
     capture_on: CaptureOn = CaptureOn.RUNNER
+    sut: DecisionSystem = DecisionSystem.HARNESS
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cudagraph_mode", CudaGraphMode.parse(self.cudagraph_mode))
@@ -145,6 +157,7 @@ class HarnessConfig:
             All2AllBackend, self.all2all_backend, "all2all_backend"))
         object.__setattr__(self, "capture_on",
                            _parse_enum(CaptureOn, self.capture_on, "capture_on"))
+        object.__setattr__(self, "sut", _parse_enum(DecisionSystem, self.sut, "sut"))
         if self.capture_sizes is not None:
             object.__setattr__(self, "capture_sizes", tuple(self.capture_sizes))
         self._validate()
@@ -214,6 +227,12 @@ class HarnessConfig:
                 and self.cudagraph_mode is not CudaGraphMode.NONE):
             raise ConfigError("all2all_backend", "deepep_high_throughput with dp_size > 1 "
                               "forces cudagraph_mode NONE (its all-to-all cannot be captured)")
+        if self.sut is DecisionSystem.VLLM:
+            for name, default in HARNESS_ONLY_FIELDS:
+                value = getattr(self, name)
+                if getattr(value, "value", value) != default:
+                    raise ConfigError(name, "switches the harness's own decision code; the "
+                                      "vllm system under test brings its own")
         if self.threshold_offset_rank is not None and not (
                 0 <= self.threshold_offset_rank < self.dp_size):
             raise ConfigError("threshold_offset_rank", f"rank {self.threshold_offset_rank} "

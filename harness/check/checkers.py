@@ -13,6 +13,7 @@ import torch
 
 from harness.check.agreement import first_disagreement
 from harness.check.records import Rows, StartupRecord, StepRecord
+from harness.sut.step_plan import StepPlan
 
 TOLERANCE = 1e-9
 HANG_ERRORS = ("MicrobatchHang", "RankHang")
@@ -36,6 +37,8 @@ class ReferenceRows:
     outputs: tuple[Rows, ...]
     states: tuple[Rows, ...]
     routes: tuple[tuple[tuple[int, int, int], ...], ...]
+    # Per rank, the harness's own plan when another system decided (None: the harness did).
+    plans: tuple[StepPlan, ...] | None = None
 
 
 def _ok(name: str, detail: str = "") -> Verdict:
@@ -230,7 +233,32 @@ def check_step(records: Sequence[StepRecord | None], reference: ReferenceRows,
         lambda: check_routing(records, reference),
         lambda: check_thread_hygiene(records),
     ]
+    if reference.plans is not None:
+        checks.append(lambda: check_differential(records, reference.plans))
     return verdicts + [check() for check in checks]
+
+
+def _decision_fields(plan: StepPlan) -> dict[str, object]:
+    # The DP state's request count is left out: vLLM 0.33.0 reports the most real requests
+    # on any rank where the harness reports the graph's, by definition on both sides.
+    return {"decision": plan.kind, "graph": plan.desc.label(), "padded_tokens": plan.num_tokens,
+            "regions (real/size)": " ".join(f"{r.real_tokens}/{r.tokens}" for r in plan.regions),
+            "tokens_across_dp": plan.state.num_tokens_across_dp if plan.state else None}
+
+
+def check_differential(records: Sequence[StepRecord],
+                       reference: Sequence[StepPlan]) -> Verdict:
+    """The system under test decided, field by field, what the harness's reference does."""
+    name = "differential"
+    for rec, expected in zip(records, reference, strict=True):
+        if rec.plan is None:
+            continue
+        got, want = _decision_fields(rec.plan), _decision_fields(expected)
+        wrong = [f"{field}: {got[field]} (reference: {want[field]})"
+                 for field in got if got[field] != want[field]]
+        if wrong:
+            return _fail(name, f"rank {rec.rank}: " + "; ".join(wrong))
+    return _ok(name)
 
 
 # -- startup ----------------------------------------------------------------------------------

@@ -24,7 +24,13 @@ from harness.fuzz.engine import FUZZ_TIMEOUTS, SIM_DP_SIZES, Budget, FuzzOutcome
 from harness.fuzz.profiles import PROFILES, profile_from_environment
 from harness.fuzz.progress import ProgressBar
 from harness.fuzz.run_log import DEFAULT_LOG
-from harness.fuzz.variants import VARIANTS, Variant, expects_a_finding, variant_named
+from harness.fuzz.variants import (
+    SUT_VARIANTS,
+    VARIANTS,
+    Variant,
+    expects_a_finding,
+    variant_named,
+)
 from harness.world import WORLDS
 from harness.world.pool import WorldPool
 
@@ -38,6 +44,9 @@ def add_fuzz_command(sub) -> argparse.ArgumentParser:
     fz.add_argument("--variant", default="reference", metavar="NAME",
                     help=f"the system to fuzz: {', '.join(VARIANTS)}; or all (default "
                     "reference)")
+    fz.add_argument("--sut", choices=["harness", "vllm"], default="harness",
+                    help="whose decision code the ranks run: the harness's (default) or the "
+                    "installed vLLM's (held to the harness's reference by `differential`)")
     fz.add_argument("--world", choices=WORLDS, default="sim")
     fz.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
     fz.add_argument("--nproc", type=int, metavar="N",
@@ -68,6 +77,21 @@ def add_fuzz_command(sub) -> argparse.ArgumentParser:
     return fz
 
 
+def chosen_variants(args: argparse.Namespace) -> list[Variant]:
+    if args.sut == "harness":
+        return (list(VARIANTS.values()) if args.variant == "all"
+                else [variant_named(args.variant)])
+    if args.variant != "reference":
+        raise ConfigError("variant", f"--sut {args.sut} fuzzes that system as it is; "
+                          "variants plant bugs in the harness's own code")
+    from harness.vllm_sut.available import unavailable_reason, vllm_version
+
+    if vllm_version() is None:
+        raise ConfigError("sut", f"vllm cannot be used here: {unavailable_reason()} "
+                          "(make test-vllm installs it)")
+    return [SUT_VARIANTS[args.sut]]
+
+
 def pinned_fields(args: argparse.Namespace) -> dict[str, Any]:
     """The config fields the flags fix; validated alone so a bad one is reported up front."""
     fields = config_fields_from_args(args)
@@ -89,8 +113,7 @@ def budget_from_args(args: argparse.Namespace) -> Budget:
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
-    variants = (list(VARIANTS.values()) if args.variant == "all"
-                else [variant_named(args.variant)])
+    variants = chosen_variants(args)
     fixed = pinned_fields(args)
     budget = budget_from_args(args)
     timeouts = timeouts_from_args(args)

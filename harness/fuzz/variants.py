@@ -70,14 +70,26 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
 )}
 
 
+# Other systems under test, fuzzed with `--sut`: not in `--variant all`, which needs only the
+# harness. vllm 0.33.0 ships the merged guard, so its fuzzing is expected to find it.
+SUT_VARIANTS: dict[str, Variant] = {v.name: v for v in (
+    Variant("vllm", "the installed vLLM's own candidates, dispatch, thresholds and DP sync "
+            "in the decision slots; the model, protocol, graphs and checkers the harness's",
+            changes=(("sut", "vllm"),), undo=(("sut", "harness"),),
+            caught_by=("no_empty_region", "differential", "captured_split",
+                       "graphs_reachable")),
+)}
+
+
 def expects_a_finding(variant_name: str) -> bool:
-    """A planted bug must be found; the reference must stay clean."""
-    return variant_name in VARIANTS and not VARIANTS[variant_name].is_reference
+    """A planted (or shipped) bug must be found; the reference must stay clean."""
+    variant = VARIANTS.get(variant_name) or SUT_VARIANTS.get(variant_name)
+    return variant is not None and not variant.is_reference
 
 
 def variant_named(name: str) -> Variant:
     try:
-        return VARIANTS[name]
+        return VARIANTS.get(name) or SUT_VARIANTS[name]
     except KeyError:
         raise ConfigError("variant", f"unknown variant {name!r} (one of "
                           f"{', '.join(VARIANTS)}, or all)") from None

@@ -51,8 +51,10 @@ class MoEWeights:
     w2: torch.Tensor  # [num_experts, F, H]
 
     @classmethod
-    def build(cls, config: HarnessConfig, vocab_size: int = DEFAULT_VOCAB) -> MoEWeights:
-        """Every rank draws all experts from one seeded generator, so all ranks agree."""
+    def build(cls, config: HarnessConfig, vocab_size: int = DEFAULT_VOCAB,
+              device: torch.device | str = "cpu") -> MoEWeights:
+        """Every rank draws all experts from one seeded generator (on the CPU, then moved to
+        `device`), so all ranks and devices agree."""
         h, e = config.hidden_size, config.num_experts
         f = 2 * h
         gen = torch.Generator().manual_seed(config.seed)
@@ -60,12 +62,24 @@ class MoEWeights:
         def draw(*shape: int, scale: float) -> torch.Tensor:
             return torch.randn(*shape, generator=gen, dtype=DTYPE) * scale
 
-        return cls(embedding=draw(vocab_size, h, scale=0.5),
-                   pos_freq=draw(h, scale=0.1),
-                   state_proj=draw(h, h, scale=h ** -0.5),
-                   router=draw(h, e, scale=1.0),
-                   w1=draw(e, h, f, scale=h ** -0.5),
-                   w2=draw(e, f, h, scale=f ** -0.5))
+        weights = cls(embedding=draw(vocab_size, h, scale=0.5),
+                      pos_freq=draw(h, scale=0.1),
+                      state_proj=draw(h, h, scale=h ** -0.5),
+                      router=draw(h, e, scale=1.0),
+                      w1=draw(e, h, f, scale=h ** -0.5),
+                      w2=draw(e, f, h, scale=f ** -0.5))
+        return weights.to(device)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embedding.device
+
+    def to(self, device: torch.device | str) -> MoEWeights:
+        """The same weights on `device` (self when they are there already)."""
+        device = torch.device(device)
+        if self.device == device:
+            return self
+        return MoEWeights(**{name: t.to(device) for name, t in self.tensors().items()})
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
@@ -101,9 +115,10 @@ class StateCache:
     """The per-request state ("KV-like"): row `slot`; row `num_slots` is a scratch slot that
     padded requests and non-real tokens are mapped to, so they never touch a real row."""
 
-    def __init__(self, num_slots: int, hidden_size: int) -> None:
+    def __init__(self, num_slots: int, hidden_size: int,
+                 device: torch.device | str = "cpu") -> None:
         self.num_slots = num_slots
-        self.state = torch.zeros(num_slots + 1, hidden_size, dtype=DTYPE)
+        self.state = torch.zeros(num_slots + 1, hidden_size, dtype=DTYPE, device=device)
 
     @property
     def scratch_slot(self) -> int:
@@ -127,15 +142,16 @@ class StepBuffers:
     """
 
     def __init__(self, num_tokens: int, num_reqs: int, hidden_size: int,
-                 scratch_slot: int) -> None:
+                 scratch_slot: int, device: torch.device | str = "cpu") -> None:
         self.scratch_slot = scratch_slot
-        self.input_ids = torch.zeros(num_tokens, dtype=torch.int64)
-        self.positions = torch.zeros(num_tokens, dtype=torch.int64)
-        self.is_padding = torch.ones(num_tokens, dtype=torch.bool)
-        self.query_start_loc = torch.zeros(num_reqs + 1, dtype=torch.int64)
-        self.seq_lens = torch.zeros(num_reqs, dtype=torch.int64)
-        self.slot_ids = torch.full((num_reqs,), scratch_slot, dtype=torch.int64)
-        self.output = torch.zeros(num_tokens, hidden_size, dtype=DTYPE)
+        i64 = {"dtype": torch.int64, "device": device}
+        self.input_ids = torch.zeros(num_tokens, **i64)
+        self.positions = torch.zeros(num_tokens, **i64)
+        self.is_padding = torch.ones(num_tokens, dtype=torch.bool, device=device)
+        self.query_start_loc = torch.zeros(num_reqs + 1, **i64)
+        self.seq_lens = torch.zeros(num_reqs, **i64)
+        self.slot_ids = torch.full((num_reqs,), scratch_slot, **i64)
+        self.output = torch.zeros(num_tokens, hidden_size, dtype=DTYPE, device=device)
 
     @property
     def num_tokens(self) -> int:
@@ -150,7 +166,8 @@ class StepBuffers:
 
     def fill(self, requests: Sequence[RequestSpec], pad_token_id: int = 0,
              pad_position: int = 0) -> int:
-        """Write a batch into the buffers in place; returns its real token count."""
+        """Write a batch into the buffers in place (host-built, copied to the buffers'
+        device); returns its real token count."""
         ids = [t for r in requests for t in r.token_ids]
         n, m = len(ids), len(requests)
         if n > self.num_tokens or m > self.num_reqs:
@@ -177,9 +194,9 @@ class StepBuffers:
 class UbatchMetadata:
     """One microbatch's own persistent request metadata (all microbatches are live at once)."""
 
-    def __init__(self, max_num_reqs: int) -> None:
-        self.query_start_loc = torch.zeros(max_num_reqs + 1, dtype=torch.int64)
-        self.seq_lens = torch.zeros(max_num_reqs, dtype=torch.int64)
+    def __init__(self, max_num_reqs: int, device: torch.device | str = "cpu") -> None:
+        self.query_start_loc = torch.zeros(max_num_reqs + 1, dtype=torch.int64, device=device)
+        self.seq_lens = torch.zeros(max_num_reqs, dtype=torch.int64, device=device)
 
 
 @dataclass(frozen=True)
@@ -240,11 +257,14 @@ class CommBuffers:
     combine_recv: torch.Tensor  # [P*(C+1) + 1, W]
 
     @classmethod
-    def allocate(cls, peers: int, capacity: int, width: int) -> CommBuffers:
+    def allocate(cls, peers: int, capacity: int, width: int,
+                 device: torch.device | str = "cpu") -> CommBuffers:
         rows = peers * (capacity + 1)
-        return cls(peers, capacity, torch.zeros(rows + 1, width, dtype=DTYPE),
-                   torch.zeros(rows, width, dtype=DTYPE), torch.zeros(rows, width, dtype=DTYPE),
-                   torch.zeros(rows + 1, width, dtype=DTYPE))
+
+        def zeros(n: int) -> torch.Tensor:
+            return torch.zeros(n, width, dtype=DTYPE, device=device)
+
+        return cls(peers, capacity, zeros(rows + 1), zeros(rows), zeros(rows), zeros(rows + 1))
 
     @property
     def rows(self) -> int:
@@ -260,14 +280,22 @@ class DispatchHandle:
 # -- the model --------------------------------------------------------------------------------
 
 class MiniMoE:
-    """One attention-lite + MoE layer on rank `rank`, which owns experts [rank*E, (rank+1)*E)."""
+    """One attention-lite + MoE layer on rank `rank`, which owns experts [rank*E, (rank+1)*E).
+
+    Everything it allocates (weights, comm buffers, temporaries) lives on `device`; by
+    default the device of `weights` when given, else the CPU."""
 
     def __init__(self, config: HarnessConfig, rank: int, all_to_all: AllToAll,
-                 weights: MoEWeights | None = None) -> None:
+                 weights: MoEWeights | None = None,
+                 device: torch.device | str | None = None) -> None:
         self.config = config
         self.rank = rank
         self.all_to_all = all_to_all
-        self.weights = weights if weights is not None else MoEWeights.build(config)
+        if device is None:
+            device = weights.device if weights is not None else "cpu"
+        self.device = torch.device(device)
+        self.weights = (weights.to(self.device) if weights is not None
+                        else MoEWeights.build(config, device=self.device))
         self.hidden_size = config.hidden_size
         self.top_k = config.top_k
         self.peers = config.dp_size
@@ -288,7 +316,8 @@ class MiniMoE:
         key = (ubatch_id, num_tokens)
         with self._lock:
             if key not in self._buffers:
-                self._buffers[key] = CommBuffers.allocate(self.peers, self.capacity, self.width)
+                self._buffers[key] = CommBuffers.allocate(self.peers, self.capacity, self.width,
+                                                          self.device)
             return self._buffers[key]
 
     def reserved_buffers(self) -> dict[tuple[int, int], CommBuffers]:
@@ -299,7 +328,7 @@ class MiniMoE:
         """(source rank, token index, expert) of every row the last dispatch delivered here.
         Reads the buffers on the host: for checks after a step, never inside one."""
         bufs = self.reserve(ubatch_id, num_tokens)
-        recv = bufs.dispatch_recv.view(bufs.peers, bufs.capacity + 1, self.width)
+        recv = bufs.dispatch_recv.view(bufs.peers, bufs.capacity + 1, self.width).cpu()
         routes = []
         for block in recv:
             count = int(block[0, 0].item())
@@ -328,7 +357,7 @@ class MiniMoE:
         w = self.weights
         num_tokens, num_reqs = mb.input_ids.shape[0], mb.slot_ids.shape[0]
         qsl = mb.query_start_loc
-        tok = torch.arange(num_tokens)
+        tok = torch.arange(num_tokens, device=mb.input_ids.device)
         req = torch.searchsorted(qsl[1:], tok, right=True)
         req_c = req.clamp(max=num_reqs - 1)
         start = qsl[req_c]
@@ -362,12 +391,15 @@ class MiniMoE:
         routed = ids >= 0
         dest = ids.clamp(min=0) // self.experts_per_rank
         # A comparison, not F.one_hot: one_hot range-checks its input on the host.
-        onehot = ((dest.unsqueeze(1) == torch.arange(self.peers)) & routed.unsqueeze(1)).long()
+        peers = torch.arange(self.peers, device=ids.device)
+        onehot = ((dest.unsqueeze(1) == peers) & routed.unsqueeze(1)).long()
         pos = (onehot.cumsum(0) - 1).gather(1, dest.unsqueeze(1)).squeeze(1)
         flat = torch.where(routed, dest * (bufs.capacity + 1) + 1 + pos, bufs.rows)
-        token_index = (torch.arange(num_tokens) + tok_start).repeat_interleave(k)
+        token_index = (torch.arange(num_tokens, device=ids.device) + tok_start
+                       ).repeat_interleave(k)
         payload = torch.cat([hidden.repeat_interleave(k, 0),
-                             torch.full((num_tokens * k, 1), float(self.rank), dtype=DTYPE),
+                             torch.full((num_tokens * k, 1), float(self.rank), dtype=DTYPE,
+                                        device=hidden.device),
                              token_index.to(DTYPE).unsqueeze(1),
                              ids.to(DTYPE).unsqueeze(1)], dim=1)
         send = bufs.dispatch_send
@@ -397,7 +429,8 @@ class MiniMoE:
         addressed to another rank's expert contribute nothing."""
         recv = bufs.dispatch_recv.view(bufs.peers, bufs.capacity + 1, self.width)
         counts = recv[:, 0, 0]
-        present = torch.arange(bufs.capacity, dtype=DTYPE).unsqueeze(0) < counts.unsqueeze(1)
+        slots = torch.arange(bufs.capacity, dtype=DTYPE, device=counts.device)
+        present = slots.unsqueeze(0) < counts.unsqueeze(1)
         local = recv[:, 1:, self.hidden_size + EXPERT_COL] - self.rank * self.experts_per_rank
         x = expert_in.reshape(-1, self.hidden_size)
         out = torch.zeros_like(x)

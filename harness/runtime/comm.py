@@ -14,12 +14,34 @@ class CollectiveTimeout(RuntimeError):
     """A collective did not complete within its bound (a peer skipped it, died or is stuck)."""
 
 
+def is_capturing(tensor: torch.Tensor) -> bool:
+    """Whether the calling thread's current CUDA stream is capturing a graph (and `tensor`,
+    the collective's data, is a CUDA tensor: CPU collectives never take part in a capture)."""
+    return tensor.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 def wait_bounded(work, what: str, timeout_s: float) -> None:
     """Wait for a collective's Work, turning a timeout or a broken peer into CollectiveTimeout."""
     try:
         work.wait(timedelta(seconds=timeout_s))
     except RuntimeError as exc:
         raise CollectiveTimeout(f"{what} did not complete: {str(exc).splitlines()[0]}") from exc
+
+
+def wait_stream_ordered(work, what: str) -> None:
+    """Wait for a collective issued into a CUDA graph capture without touching the host.
+
+    A timed wait on NCCL polls the Work's event from the host until it completes, which is
+    illegal while the stream captures (and the captured collective only runs at replay).
+    The untimed wait only makes the current stream wait on the collective's stream, so it is
+    recorded into the graph; the bound is the process group's own timeout (its watchdog) and,
+    at replay, the deadline of whoever waits for the replay's results on the host.
+    """
+    try:
+        work.wait()
+    except RuntimeError as exc:
+        raise CollectiveTimeout(f"{what} could not be joined into the capture: "
+                                f"{str(exc).splitlines()[0]}") from exc
 
 
 def all_reduce_sum(group, tensor: torch.Tensor, timeout_s: float) -> torch.Tensor:
@@ -29,16 +51,25 @@ def all_reduce_sum(group, tensor: torch.Tensor, timeout_s: float) -> torch.Tenso
 
 
 class EagerAllToAll:
-    """`all_to_all_single` with equal splits, issued async; its wait is bounded."""
+    """`all_to_all_single` with equal splits, issued async; its wait is bounded on the host,
+    or stream-ordered when it was issued or is waited inside a CUDA graph capture."""
 
     def __init__(self, group: dist.ProcessGroup, timeout_s: float) -> None:
         self.group = group
         self.timeout_s = timeout_s
 
     def __call__(self, out: torch.Tensor, inp: torch.Tensor) -> Callable[[], None]:
+        issued_in_capture = is_capturing(inp)
         work = dist.all_to_all_single(out, inp, group=self.group, async_op=True)
         what = f"all_to_all of {tuple(inp.shape)}"
-        return lambda: wait_bounded(work, what, self.timeout_s)
+
+        def wait() -> None:
+            if issued_in_capture or is_capturing(inp):
+                wait_stream_ordered(work, what)
+            else:
+                wait_bounded(work, what, self.timeout_s)
+
+        return wait
 
 
 class CollectiveLog:

@@ -99,11 +99,18 @@ class CudaGraphs:
         # torch reports an empty capture only as a warning; catch it to answer `is_empty`.
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
+            work_failure: BaseException | None = None
             try:
                 with torch.cuda.graph(graph.raw, pool=pool, stream=stream.raw):
-                    yield graph
+                    try:
+                        yield graph
+                    except BaseException as exc:
+                        work_failure = exc
+                        raise
             except BaseException as exc:
-                failure = exc
+                # Work that fails inside the capture also fails torch's capture_end ("a
+                # previous error during capture"); the work's own error says why.
+                failure = work_failure if work_failure is not None else exc
             finally:
                 # A capture that fails at its end leaves the capture stream current in torch.
                 torch.cuda.set_stream(previous)

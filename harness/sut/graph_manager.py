@@ -8,7 +8,8 @@ captured pieces) are not modelled: such steps run eagerly.
 
 from __future__ import annotations
 
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
 from harness.batch import dummy_query_lens
@@ -55,7 +56,7 @@ class GraphManager:
         self.pool = backend.new_pool()
         # A non-default stream for graphs that are not microbatched (vLLM's graph_capture).
         self.graph_stream = streams.new_stream("graph")
-        self.whole_step_meta = UbatchMetadata(config.max_num_reqs)
+        self.whole_step_meta = UbatchMetadata(config.max_num_reqs, streams.device)
         self.captured: dict[GraphDescriptor, CapturedGraph] = {}
 
     def capture_stream_for(self, desc: GraphDescriptor):
@@ -77,7 +78,7 @@ class GraphManager:
 
     def _dummy_step(self, desc: GraphDescriptor) -> tuple[StepBuffers, tuple[int, ...]]:
         buffers = StepBuffers(desc.num_tokens, desc.num_reqs, self.config.hidden_size,
-                              self.cache.scratch_slot)
+                              self.cache.scratch_slot, self.streams.device)
         lens = dummy_query_lens(desc.num_reqs, desc.num_tokens)
         scratch = self.cache.scratch_slot
         buffers.fill([RequestSpec(scratch, 0, (0,) * q) for q in lens])
@@ -86,7 +87,15 @@ class GraphManager:
 
     def _warmup_and_capture(self, desc: GraphDescriptor) -> None:
         buffers, lens = self._dummy_step(desc)
-        self.run_eager(desc, buffers, lens)  # warmup: allocates comm buffers outside capture
+        if desc.microbatched:
+            # Warmup: allocates comm buffers outside capture (the threads that capture warm
+            # their own cuBLAS up on the capture stream, in the runner).
+            self.run_eager(desc, buffers, lens)
+        else:
+            # A whole step is captured by this thread on the graph stream: warm it up there,
+            # as vLLM's graph_capture does, so nothing is set up lazily inside the capture.
+            with self._on(self.graph_stream):
+                self.run_eager(desc, buffers, lens)
         graph = self.backend.new_graph()
         start = self.log.mark()
         if desc.microbatched:
@@ -103,6 +112,15 @@ class GraphManager:
             split = (buffers.whole(),)
         self.captured[desc] = CapturedGraph(desc, graph, buffers, split, self.log.since(start),
                                             graph.is_empty)
+
+    @contextmanager
+    def _on(self, stream) -> Iterator[None]:
+        """Run the block on `stream`, ordered after and before the current stream's work."""
+        previous = self.streams.current_stream()
+        stream.wait_stream(previous)
+        with self.streams.use(stream):
+            yield
+        previous.wait_stream(stream)
 
     def run_eager(self, desc: GraphDescriptor, buffers: StepBuffers, lens,
                   faults=()) -> tuple[UbatchSlice, ...]:

@@ -26,9 +26,9 @@ from harness.runtime.comm import CollectiveLog, EagerAllToAll, LoggedAllToAll
 from harness.runtime.graphs import make_graph_backend
 from harness.runtime.streams import make_streams
 from harness.scenario import Fault, FaultKind, InjectedFault, RankStep
+from harness.sut import systems
 from harness.sut.dp_sync import NUM_ROWS
 from harness.sut.graph_manager import GraphManager
-from harness.sut.step_plan import decide_on_rank, graph_table_for
 from harness.sut.ubatch_runner import MicrobatchRunner
 
 
@@ -39,19 +39,25 @@ def _rows(t: torch.Tensor) -> tuple[tuple[float, ...], ...]:
 class RankRuntime:
     def __init__(self, config: HarnessConfig, rank: int, group, *, device: str = "cpu",
                  collective_timeout_s: float = 5.0, hang_timeout_s: float = 5.0,
-                 trace_path: str | None = None) -> None:
+                 trace_path: str | None = None, warm_cublas: bool = True) -> None:
+        """`group` carries the DP sync (CPU tensors) and the expert all-to-alls (tensors on
+        `device`): on CUDA, a group with a CPU backend and a CUDA one. Everything the rank
+        allocates lives on `device`. `warm_cublas=False` only exists to show the capture
+        hazard it prevents."""
         self.config = config
         self.rank = rank
         self.group = group
         self.collective_timeout_s = collective_timeout_s
         self.streams = make_streams(device)
+        self.device = self.streams.device
         self.log = CollectiveLog(trace_path)
         self.model = MiniMoE(config, rank, LoggedAllToAll(
-            EagerAllToAll(group, collective_timeout_s), self.log))
-        self.cache = StateCache(config.max_num_reqs, config.hidden_size)
+            EagerAllToAll(group, collective_timeout_s), self.log), device=self.device)
+        self.cache = StateCache(config.max_num_reqs, config.hidden_size, self.device)
         self.cache.state.copy_(initial_state(config, rank))
-        self.runner = MicrobatchRunner(config, self.streams, hang_timeout_s)
-        self.table = graph_table_for(config, rank)
+        self.runner = MicrobatchRunner(config, self.streams, hang_timeout_s,
+                                       warm_cublas=warm_cublas)
+        self.table = systems.graph_table(config, rank)
         backend = make_graph_backend(self.streams, collective_timeout_s)
         self.manager = GraphManager(config, self.table, self.streams, backend, self.runner,
                                     self.model, self.cache, self.log)
@@ -103,7 +109,7 @@ class RankRuntime:
             if FaultKind.SKIP_SYNC in kinds:
                 raise InjectedFault(f"rank {self.rank} skipped the DP sync")
             self.log.add("all_reduce", (NUM_ROWS, self.config.dp_size))
-            plan = decide_on_rank(self.group, self.config, self.rank, batch,
+            plan = systems.decide(self.group, self.config, self.rank, batch,
                                   self.collective_timeout_s)
             desc = plan.desc
             if desc.cg_mode is CudaGraphMode.FULL and desc in self.manager.captured:
@@ -142,7 +148,7 @@ class RankRuntime:
                        requests: Sequence[RequestSpec]) -> StepBuffers:
         # An idle rank still joins the expert all-to-alls, with one padding token.
         buffers = StepBuffers(max(num_tokens, 1), max(num_reqs, 1), self.config.hidden_size,
-                              self.cache.scratch_slot)
+                              self.cache.scratch_slot, self.device)
         if requests:
             buffers.fill(requests)
         else:

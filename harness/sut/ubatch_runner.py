@@ -55,13 +55,18 @@ class _FaultyOverlap:
 
 
 class MicrobatchRunner:
-    def __init__(self, config: HarnessConfig, streams, hang_timeout_s: float) -> None:
+    def __init__(self, config: HarnessConfig, streams, hang_timeout_s: float, *,
+                 warm_cublas: bool = True) -> None:
         self.config = config
         self.num_ubatches = config.num_ubatches
         self.streams = streams
+        # Off only to show the hazard: a thread whose first matmul on the capture stream
+        # happens inside the capture invalidates it.
+        self.warm_cublas = warm_cublas
         # One metadata pair per microbatch: all microbatches are live at once, and a graph
         # reads them at fixed addresses.
-        self.metas = [UbatchMetadata(config.max_num_reqs) for _ in range(self.num_ubatches)]
+        self.metas = [UbatchMetadata(config.max_num_reqs, streams.device)
+                      for _ in range(self.num_ubatches)]
         self.comm_stream = streams.new_stream("ubatch-comm")
         self.capture_stream = streams.new_stream("ubatch-capture")
         self.threads = UBatchRunner(config.protocol.value, hang_timeout_s=hang_timeout_s,
@@ -134,11 +139,12 @@ class MicrobatchRunner:
         device = self.streams.device
         if device.type != "cuda":
             return None
+        warm = for_capture and self.warm_cublas
 
         def setup() -> None:
             # New threads do not inherit the device; cuBLAS must allocate before a capture.
             torch.cuda.set_device(device)
-            if for_capture:
+            if warm:
                 for stream in (compute_stream, self.comm_stream):
                     with self.streams.use(stream):
                         torch.cuda.current_blas_handle()

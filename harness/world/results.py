@@ -12,6 +12,8 @@ from harness.errors import ConfigError
 from harness.model.moe import MoEWeights, initial_state
 from harness.model.reference import reference_step
 from harness.scenario import Scenario
+from harness.sut.step_plan import plan_without_world
+from harness.sut.systems import reference_config
 
 # Start-up verdicts after which the steps still run (their consequences show in the steps).
 STEPS_RUN_AFTER = ("graphs_reachable", "graphs_capture_work", "capture_symmetry")
@@ -84,13 +86,17 @@ def reference_rows(scenario: Scenario) -> list[ReferenceRows]:
     config = scenario.config
     weights = MoEWeights.build(config)
     states = [initial_state(config, rank) for rank in range(config.dp_size)]
+    judge_by = reference_config(config)  # another system's decisions are held to these
     rows = []
-    for requests in scenario.requests():
+    for i, requests in enumerate(scenario.requests()):
         ref = reference_step(config, weights, requests, states)
         states = ref.states
+        plans = (None if judge_by is None
+                 else tuple(plan_without_world(judge_by, scenario.batches(i))))
         rows.append(ReferenceRows(tuple(_rows(t) for t in ref.outputs),
                                   tuple(_rows(t) for t in ref.states),
-                                  tuple(tuple(sorted(c.elements())) for c in ref.routes)))
+                                  tuple(tuple(sorted(c.elements())) for c in ref.routes),
+                                  plans))
     return rows
 
 

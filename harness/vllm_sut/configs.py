@@ -1,0 +1,117 @@
+"""vLLM's config objects for a HarnessConfig.
+
+Only fields vLLM has are translated: DP size, the microbatch count (enable_dbo / ubatch_size),
+the DBO thresholds, the all-to-all backend, the CUDA graph mode and capture sizes, and the
+scheduler limits. The harness's variant switches (guard, twins, protocol, capture_on,
+threshold offsets) have no vLLM counterpart and are ignored: vLLM is what it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from pydantic import ValidationError
+from vllm.config import (
+    CacheConfig,
+    CompilationConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    VllmConfig,
+)
+from vllm.config.compilation import CUDAGraphMode
+from vllm.v1.worker.ubatch_utils import get_num_ubatches
+
+from harness.config import HarnessConfig
+from harness.errors import ConfigError
+
+# vLLM field -> harness field, to name the harness field when vLLM rejects a value.
+_HARNESS_FIELD = {
+    "data_parallel_size": "dp_size",
+    "enable_dbo": "enable_dbo",
+    "ubatch_size": "ubatch_size",
+    "dbo_decode_token_threshold": "decode_threshold",
+    "dbo_prefill_token_threshold": "prefill_threshold",
+    "all2all_backend": "all2all_backend",
+    "max_num_seqs": "max_num_reqs",
+    "max_num_batched_tokens": "max_num_batched_tokens",
+    "cudagraph_mode": "cudagraph_mode",
+    "cudagraph_capture_sizes": "capture_sizes",
+}
+
+
+@dataclass(frozen=True)
+class _NoModel:
+    """Stands in for ModelConfig: the capture-size ladder only asks whether eager is forced."""
+
+    enforce_eager: bool = False
+
+
+@dataclass(frozen=True)
+class VllmConfigSlice:
+    """The part of VllmConfig that CudaGraphManager and the capture-size ladder read.
+
+    A real VllmConfig needs a ModelConfig (a Hugging Face model to inspect), and without one
+    its __post_init__ turns CUDA graphs off; vLLM's own unit tests use a stand-in the same way.
+    """
+
+    parallel_config: ParallelConfig
+    scheduler_config: SchedulerConfig
+    compilation_config: CompilationConfig
+    cache_config: CacheConfig
+    model_config: _NoModel = _NoModel()
+    speculative_config: None = None  # speculative decoding is unsupported with DBO
+    num_speculative_tokens: int = 0
+    uniform_decode_query_len: int = 1
+    performance_mode: str = "balanced"
+
+    @property
+    def num_ubatches(self) -> int:
+        # The same helper the DP sync and the twin generation use.
+        return get_num_ubatches(self.parallel_config)
+
+
+def _build(field: str, build: Any, **kwargs: Any) -> Any:
+    try:
+        return build(**kwargs)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        loc = error.get("loc") or (field,)
+        name = _HARNESS_FIELD.get(str(loc[0]), field)
+        raise ConfigError(name, f"vLLM rejects it: {error.get('msg', exc)}") from None
+    except (ValueError, AssertionError) as exc:
+        raise ConfigError(field, f"vLLM rejects it: {exc}") from None
+
+
+@lru_cache(maxsize=64)
+def vllm_configs(config: HarnessConfig) -> VllmConfigSlice:
+    """vLLM's configs for `config`; ConfigError (naming the harness field) when vLLM says no."""
+    if config.decode_query_len != 1:
+        raise ConfigError("decode_query_len", "vLLM forbids speculative decoding with DBO")
+    parallel = _build(
+        "num_ubatches", ParallelConfig,
+        data_parallel_size=config.dp_size,
+        enable_dbo=config.enable_dbo,
+        ubatch_size=config.ubatch_size,
+        dbo_decode_token_threshold=config.decode_threshold,
+        dbo_prefill_token_threshold=config.prefill_threshold,
+        all2all_backend=config.all2all_backend.value,
+    )
+    scheduler = _build(
+        "max_num_batched_tokens", SchedulerConfig.default_factory,
+        max_num_seqs=config.max_num_reqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+    )
+    # Left out (not None) when the harness has no sizes: vLLM then builds its default ladder.
+    sizes = {} if config.capture_sizes is None else {
+        "cudagraph_capture_sizes": list(config.capture_sizes)}
+    compilation = _build(
+        "cudagraph_mode", CompilationConfig,
+        cudagraph_mode=CUDAGraphMode[config.cudagraph_mode.name], **sizes,
+    )
+    configs = VllmConfigSlice(parallel, scheduler, compilation, CacheConfig())
+    # vLLM's own ladder: dedupes and filters given sizes, or builds the default ladder,
+    # then sets max_cudagraph_capture_size. It mutates the CompilationConfig built above.
+    _build("capture_sizes", VllmConfig._set_cudagraph_sizes, self=configs)
+    return configs

@@ -1,0 +1,111 @@
+"""vLLM's DP sync (dispatch_cg_and_sync_dp -> sync_cudagraph_and_dp_padding) on a harness group.
+
+vLLM finds its DP group through the module global `get_dp_group` of dp_utils. For the call,
+that name is routed per thread: a thread inside `vllm_sync` gets a stand-in over the harness
+rank's gloo group, every other thread gets vLLM's own function. The routing is installed by
+the first caller in and removed by the last one out, so nothing stays patched after a call
+and the harness's thread ranks (several calls at once, one group each) never share a group.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+from vllm.distributed.utils import cpu_all_reduce_
+from vllm.v1.worker.gpu import dp_utils
+from vllm.v1.worker.ubatch_utils import check_ubatch_thresholds
+
+from harness.batch import RankBatch
+from harness.config import HarnessConfig
+from harness.runtime.comm import CollectiveTimeout
+from harness.sut.dp_sync import DpSyncState, SyncDecision
+from harness.vllm_sut.candidates import to_harness, vllm_graph_manager
+from harness.vllm_sut.configs import vllm_configs
+
+
+@dataclass(frozen=True)
+class DpGroupStandIn:
+    """The part of vLLM's GroupCoordinator the DP sync uses, over a harness gloo group."""
+
+    cpu_group: Any
+    cpu_timeout: timedelta
+
+    def cpu_all_reduce_(self, tensor: torch.Tensor) -> torch.Tensor:
+        # vLLM's own low-latency CPU all-reduce (gloo send/recv), bounded by the timeout.
+        try:
+            return cpu_all_reduce_(tensor, self.cpu_group, self.cpu_timeout)
+        except RuntimeError as exc:
+            what = f"vLLM's DP all-reduce of {tuple(tensor.shape)}"
+            raise CollectiveTimeout(f"{what} did not complete: "
+                                    f"{str(exc).splitlines()[0]}") from exc
+
+
+class _PerThreadDpGroup:
+    """Routes dp_utils.get_dp_group to the calling thread's stand-in while any call runs."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._callers = 0
+        self._original = None
+
+    def _routed(self):
+        stand_in = getattr(self._local, "group", None)
+        return stand_in if stand_in is not None else self._original()
+
+    def __call__(self, stand_in: DpGroupStandIn) -> _PerThreadDpGroup:
+        self._local.group = stand_in
+        return self
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if self._callers == 0:
+                self._original = dp_utils.get_dp_group
+                dp_utils.get_dp_group = self._routed
+            self._callers += 1
+
+    def __exit__(self, *exc_info) -> None:
+        self._local.group = None
+        with self._lock:
+            self._callers -= 1
+            if self._callers == 0:
+                dp_utils.get_dp_group = self._original
+                self._original = None
+
+
+_dp_group_of_this_thread = _PerThreadDpGroup()
+
+
+def vllm_check_ubatch_thresholds(config: HarnessConfig, num_tokens: int,
+                                 uniform_decode: bool) -> bool:
+    """vLLM's check_ubatch_thresholds on the translated ParallelConfig."""
+    return check_ubatch_thresholds(vllm_configs(config).parallel_config, num_tokens,
+                                   uniform_decode=uniform_decode)
+
+
+def vllm_sync(group, config: HarnessConfig, rank: int, batch: RankBatch,
+              timeout_s: float) -> SyncDecision:
+    """This rank's DP sync exactly as vLLM's runner calls it, as the harness's SyncDecision."""
+    configs = vllm_configs(config)
+    manager = vllm_graph_manager(config)
+    stand_in = DpGroupStandIn(group, timedelta(seconds=timeout_s))
+    uct = batch.uniform_token_count
+    with _dp_group_of_this_thread(stand_in):
+        desc, state = dp_utils.dispatch_cg_and_sync_dp(
+            manager, batch.num_reqs, batch.num_tokens, uct, config.dp_size, rank,
+            max_query_len=batch.max_query_len,
+            parallel_config=configs.parallel_config,
+            # The runner allows microbatching iff it has a UBatchRunner (not a profile run).
+            allow_ubatching=batch.allow_ubatching and manager.ubatch_runner is not None,
+            uniform_decode=uct == config.decode_query_len,
+        )
+    if state is None:
+        return SyncDecision(to_harness(desc), None)
+    # skip_drafts (vLLM's 7th row) has no harness counterpart: no drafts with DBO.
+    harness_state = DpSyncState(tuple(int(n) for n in state.num_tokens_across_dp.tolist()),
+                                state.uniform_token_count, bool(state.eager), int(state.num_reqs))
+    return SyncDecision(to_harness(desc), harness_state)

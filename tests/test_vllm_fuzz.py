@@ -1,0 +1,57 @@
+"""The fuzzer pointed at vLLM's own decision functions (`--sut vllm`): from nothing it finds
+what vllm 0.33.0 ships, shrinks it, and the world holds vLLM to the harness's reference.
+
+Skipped where vLLM does not import (`make test-vllm` installs it)."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.fuzz.engine import FUZZ_TIMEOUTS, Budget, fuzz
+from harness.fuzz.variants import SUT_VARIANTS
+from harness.scenario import scenario_from_dict
+from harness.sut.thresholds import last_region_start
+from harness.vllm_sut.available import unavailable_reason, vllm_version
+from harness.world.sim import SimWorld
+
+if vllm_version() is None:
+    pytest.skip(unavailable_reason(), allow_module_level=True)
+
+only_0_33 = pytest.mark.skipif(vllm_version() != "0.33.0",
+                               reason=f"pins vllm 0.33.0, this is {vllm_version()}")
+BUDGET = Budget(examples=400, seconds=None, shrink_seconds=60.0)
+GUARD_CHECKERS = ("no_empty_region", "differential", "captured_split")
+
+
+@only_0_33
+@pytest.mark.parametrize("k", [2, 3])
+def test_the_fuzzer_finds_the_empty_microbatch_guard_of_vllm_and_shrinks_it(tmp_path, k):
+    # Enough requests that every twin is reachable: the guard is what is left to find.
+    fixed = {"max_num_reqs": 64, "enable_dbo": k == 2, "ubatch_size": 0 if k == 2 else k}
+    with SimWorld(2, FUZZ_TIMEOUTS) as world:
+        outcome = fuzz(SUT_VARIANTS["vllm"], world.run, world="sim", dp_sizes=(2,),
+                       fixed=fixed, budget=BUDGET, database=None, scenario_dir=tmp_path,
+                       seed=0)
+    assert outcome.found and outcome.checker in GUARD_CHECKERS, outcome.detail
+    shrunk = outcome.scenario
+    tokens = [len(r.query_lens) for r in shrunk.steps[-1]]
+    graph = next(g for g in shrunk.config.cudagraph_capture_sizes if g >= max(tokens))
+    # The smallest rank sits exactly at the last region start: G / 2 for k = 2.
+    assert min(tokens) == last_region_start(graph, k), shrunk.to_json()
+
+
+@only_0_33
+def test_the_differential_verdict_shows_vllm_and_the_reference_side_by_side():
+    scenario = scenario_from_dict({
+        "config": {"sut": "vllm", "capture_sizes": [32, 64], "max_num_reqs": 64,
+                   "max_num_batched_tokens": 64, "decode_threshold": 8,
+                   "prefill_threshold": 32},
+        "steps": [{"ranks": [32, 64]}, {"ranks": [40, 64]}]})
+    with SimWorld(2, FUZZ_TIMEOUTS) as world:
+        result = world.run(scenario)
+    step0 = {v.checker: v for v in result.steps[0].verdicts}
+    assert not step0["differential"].ok
+    assert "full-microbatched (reference: eager-microbatched)" in step0["differential"].detail
+    assert "FULL/64tok/64req/uct1/ub2 (reference: NONE/64tok" in step0["differential"].detail
+    assert not step0["no_empty_region"].ok
+    assert all(v.ok for v in result.steps[1].verdicts)  # [40, 64]: both replay the twin
