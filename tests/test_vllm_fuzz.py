@@ -5,11 +5,13 @@ Skipped where vLLM does not import (`make test-vllm` installs it)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from harness.fuzz.engine import FUZZ_TIMEOUTS, Budget, fuzz
 from harness.fuzz.variants import SUT_VARIANTS
-from harness.scenario import scenario_from_dict
+from harness.scenario import load_scenario, scenario_from_dict
 from harness.sut.thresholds import last_region_start
 from harness.vllm_sut.available import unavailable_reason, vllm_version
 from harness.world.sim import SimWorld
@@ -55,3 +57,18 @@ def test_the_differential_verdict_shows_vllm_and_the_reference_side_by_side():
     assert "FULL/64tok/64req/uct1/ub2 (reference: NONE/64tok" in step0["differential"].detail
     assert not step0["no_empty_region"].ok
     assert all(v.ok for v in result.steps[1].verdicts)  # [40, 64]: both replay the twin
+
+
+VLLM_SCENARIOS = sorted((Path(__file__).resolve().parents[1] / "scenarios" / "vllm")
+                        .glob("*.json"))
+
+
+@only_0_33
+@pytest.mark.parametrize("path", VLLM_SCENARIOS, ids=lambda p: p.stem)
+def test_each_finding_on_vllm_is_caught_and_clean_with_the_harness_deciding(path):
+    scenario = load_scenario(path)
+    with SimWorld(scenario.config.dp_size, FUZZ_TIMEOUTS) as world:
+        found = world.run(scenario)
+        clean = world.run(scenario.with_reference_behaviour())
+    assert scenario.caught_by in [v.checker for _, v in found.failed_verdicts()]
+    assert clean.ok, clean.failed_verdicts()
