@@ -147,6 +147,9 @@ class HarnessConfig:
     all2all_backend: All2AllBackend = All2AllBackend.LOW_LATENCY
     capture_on: CaptureOn = CaptureOn.RUNNER
     sut: DecisionSystem = DecisionSystem.HARNESS
+    # The GPU suite's world of one rank (one GPU): microbatching with dp_size 1, whose
+    # all-to-all is a size-one NCCL op. Allowed nowhere else.
+    single_rank_gpu_world: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cudagraph_mode", CudaGraphMode.parse(self.cudagraph_mode))
@@ -227,6 +230,8 @@ class HarnessConfig:
                 and self.cudagraph_mode is not CudaGraphMode.NONE):
             raise ConfigError("all2all_backend", "deepep_high_throughput with dp_size > 1 "
                               "forces cudagraph_mode NONE (its all-to-all cannot be captured)")
+        if self.single_rank_gpu_world and self.dp_size != 1:
+            raise ConfigError("single_rank_gpu_world", f"means one rank, not {self.dp_size}")
         if self.sut is DecisionSystem.VLLM:
             for name, default in HARNESS_ONLY_FIELDS:
                 value = getattr(self, name)
@@ -257,7 +262,7 @@ class HarnessConfig:
         k = self.num_ubatches
         if k < 2:
             raise ConfigError("num_ubatches", f"is {k}; microbatching needs at least 2")
-        if self.dp_size < 2:
+        if self.dp_size < 2 and not self.single_rank_gpu_world:
             raise ConfigError("dp_size",
                               f"is {self.dp_size}; microbatching (DBO) needs dp_size >= 2")
         if self.cudagraph_mode is CudaGraphMode.PIECEWISE:

@@ -342,3 +342,14 @@ def test_a_missing_config_file_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_config_file(tmp_path / "absent.json")
     assert info.value.field == "config"
+
+
+def test_only_the_single_rank_gpu_world_admits_one_microbatched_rank():
+    with pytest.raises(ConfigError) as exc:
+        HarnessConfig(dp_size=1)
+    assert exc.value.field == "dp_size"
+    alone = HarnessConfig(dp_size=1, single_rank_gpu_world=True)
+    assert alone.num_ubatches == 2 and HarnessConfig(**alone.to_dict()) == alone
+    with pytest.raises(ConfigError) as exc:
+        HarnessConfig(dp_size=2, single_rank_gpu_world=True)
+    assert exc.value.field == "single_rank_gpu_world"

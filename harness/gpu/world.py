@@ -16,7 +16,6 @@ HashStore is the fallback, and `how` says so.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -31,23 +30,13 @@ DEFAULT_GROUP = "init_process_group('cpu:gloo,cuda:nccl') over a HashStore"
 
 
 def single_rank_config(**fields: Any) -> HarnessConfig:
-    """A config of ONE DP rank, microbatched if `fields` ask for it.
-
-    HarnessConfig rejects dp_size < 2 with microbatching (a rank alone has no peers to
-    overlap its all-to-all with). The single-rank GPU world is the one place a 1-rank
-    microbatched config exists: every other field is validated by building the config with
-    dp_size=2, then dp_size is set to 1 on a copy of the frozen instance (so experts are not
-    sharded: rank 0 owns them all, and the reference has one rank). Only harness/gpu/ does
-    this; a real config switch belongs in config.py.
-    """
+    """A config of ONE DP rank, microbatched if `fields` ask for it (rank 0 owns every
+    expert, and the reference has one rank). HarnessConfig allows that only with its
+    `single_rank_gpu_world` switch, which names this world."""
     fields = dict(fields)
     if fields.pop("dp_size", 1) != 1:
         raise ValueError("the single-rank GPU world has exactly one rank")
-    validated = HarnessConfig(**fields, dp_size=2)
-    config = copy.copy(validated)
-    object.__setattr__(config, "dp_size", 1)
-    config.__dict__.pop("cudagraph_capture_sizes", None)  # a cached_property: recomputed
-    return config
+    return HarnessConfig(**fields, dp_size=1, single_rank_gpu_world=True)
 
 
 @dataclass
