@@ -55,8 +55,6 @@ def check_backend(backend: str, nproc: int) -> None:
         if gpus < nproc:
             raise ConfigError("nproc", f"{nproc} ranks need {nproc} GPUs for nccl (one per "
                               f"rank) but {gpus} are visible; use BACKEND=gloo")
-        raise ConfigError("backend", "nccl worlds run the GPU rank code, which is not wired "
-                          "into the torchrun world yet; use BACKEND=gloo")
 
 
 class TorchrunWorld:

@@ -68,12 +68,32 @@ def _wait_for_every_rank(world_size: int) -> None:
         time.sleep(0.01)
 
 
+def _join_group(backend: str, timeout_s: float) -> str:
+    """Join the world's group; the device this rank's tensors live on.
+
+    With nccl each rank owns GPU LOCAL_RANK: the DP sync's CPU matrix goes over gloo and the
+    expert all-to-alls (captured into real CUDA graphs) over NCCL, on one group.
+    """
+    timeout = timedelta(seconds=timeout_s)
+    if backend != "nccl":
+        dist.init_process_group(backend, timeout=timeout)
+        return "cpu"
+    import torch
+
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    torch.cuda.set_device(device)
+    dist.init_process_group("cpu:gloo,cuda:nccl", timeout=timeout, device_id=device)
+    return str(device)
+
+
 class Worker:
-    def __init__(self, rank: int, sock: socket.socket, group, trace_dir: Path) -> None:
+    def __init__(self, rank: int, sock: socket.socket, group, trace_dir: Path,
+                 device: str = "cpu") -> None:
         self.rank = rank
         self.sock = sock
         self.group = group
         self.trace_dir = trace_dir
+        self.device = device
         self.runtimes: dict[tuple, tuple[RankRuntime, object]] = {}
 
     def serve(self) -> None:
@@ -92,7 +112,8 @@ class Worker:
         key = (config, timeouts)
         if key not in self.runtimes:
             runtime = RankRuntime(
-                config, self.rank, self.group, collective_timeout_s=timeouts.collective_s,
+                config, self.rank, self.group, device=self.device,
+                collective_timeout_s=timeouts.collective_s,
                 hang_timeout_s=timeouts.hang_s,
                 trace_path=str(self.trace_dir / f"collectives-{self.rank}.txt"))
             self.runtimes[key] = (runtime, runtime.startup())
@@ -142,11 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     wire.send(sock, ("hello", rank, os.getpid()))
     try:
         _wait_for_every_rank(int(os.environ["WORLD_SIZE"]))
-        dist.init_process_group(args.backend,
-                                timeout=timedelta(seconds=args.collective_timeout))
+        device = _join_group(args.backend, args.collective_timeout)
         group = dist.group.WORLD
         wire.send(sock, ("ready", rank))
-        Worker(rank, sock, group, trace_dir).serve()
+        Worker(rank, sock, group, trace_dir, device).serve()
     except Exception:  # noqa: BLE001 - the driver reports it with the rank
         try:
             wire.send(sock, ("crash", rank, traceback.format_exc()))
