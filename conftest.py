@@ -24,6 +24,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="sim: thread ranks in this process; torchrun: rank processes")
     group.addoption("--backend", choices=["gloo", "nccl"], default="gloo",
                     help="process-group backend of the world (nccl: one GPU per rank)")
+    group.addoption("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="where the torchrun world's tensors live (cuda with gloo: emulated "
+                    "graphs over CUDA tensors; with nccl always cuda)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -58,10 +61,11 @@ def _session_world(request: pytest.FixtureRequest, nproc: int, timeouts):
 
     kind = request.config.getoption("--world")
     backend = request.config.getoption("--backend")
+    device = request.config.getoption("--device")
     try:
-        return open_world(kind, nproc, backend, timeouts)
+        return open_world(kind, nproc, backend, timeouts, device)
     except ConfigError as exc:
-        pytest.skip(f"{kind} world with {backend} cannot run here: {exc}")
+        pytest.skip(f"{kind} world with {backend} on {device} cannot run here: {exc}")
 
 
 @pytest.fixture(scope="session")

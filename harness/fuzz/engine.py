@@ -139,14 +139,14 @@ class _Search:
     def elapsed(self) -> float:
         return time.monotonic() - self.start
 
-    def verdict(self, scenario: Scenario) -> Verdict | None:
+    def verdict(self, scenario: Scenario, shrink_bounded: bool = True) -> Verdict | None:
         key = json.dumps(scenario.to_dict(), sort_keys=True)
         if key in self.results:
             return self.results[key]
         if self.found_at is None and self._spent():
             raise _BudgetSpent
-        if self.found_at is not None and self.elapsed() - self.found_at[1] > \
-                self.budget.shrink_seconds:
+        if shrink_bounded and self.found_at is not None and \
+                self.elapsed() - self.found_at[1] > self.budget.shrink_seconds:
             return None  # shrinking is over: an unseen candidate counts as no smaller failure
         verdict = self._judge(scenario)
         if not verdict.ok and self._judge(scenario).ok:
@@ -171,7 +171,9 @@ class _Search:
         return first_failure(result, self.variant.caught_by, self.hunt)
 
     def fails_like(self, scenario: Scenario, failure: _CheckerFailed) -> bool:
-        verdict = self.verdict(scenario)
+        # The last pass tries a few candidates only (one step alone, one rank fewer), so it
+        # runs even after Hypothesis's shrinking used up its bound.
+        verdict = self.verdict(scenario, shrink_bounded=False)
         return verdict is not None and verdict.checker == failure.verdict.checker
 
     def _spent(self) -> bool:

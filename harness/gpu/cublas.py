@@ -21,6 +21,7 @@ import torch
 # More than the free handles a process holds between two captures: one per thread that
 # held one at a time since the last drain (two microbatch threads, the main thread, a few).
 DEFAULT_HOLDERS = 16
+HOLD_S = 3600.0
 
 
 def hold_free_cublas_handles(device: torch.device, holders: int = DEFAULT_HOLDERS) -> None:
@@ -40,7 +41,8 @@ def hold_free_cublas_handles(device: torch.device, holders: int = DEFAULT_HOLDER
             ready.wait()
         except threading.BrokenBarrierError:
             return
-        threading.Event().wait()  # parked: a daemon thread, gone at exit
+        # Parked (a daemon thread, gone at exit); bounded like every wait, well past any run.
+        threading.Event().wait(HOLD_S)
 
     for i in range(holders):
         threading.Thread(target=hold, name=f"cublas-holder-{i}", daemon=True).start()

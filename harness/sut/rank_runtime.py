@@ -24,7 +24,7 @@ from harness.config import CudaGraphMode, HarnessConfig
 from harness.model.moe import MiniMoE, RequestSpec, StateCache, StepBuffers, initial_state
 from harness.runtime.comm import CollectiveLog, EagerAllToAll, LoggedAllToAll
 from harness.runtime.graphs import make_graph_backend
-from harness.runtime.streams import make_streams
+from harness.runtime.streams import CpuStreams, make_streams
 from harness.scenario import Fault, FaultKind, InjectedFault, RankStep
 from harness.sut import systems
 from harness.sut.dp_sync import NUM_ROWS
@@ -39,16 +39,18 @@ def _rows(t: torch.Tensor) -> tuple[tuple[float, ...], ...]:
 class RankRuntime:
     def __init__(self, config: HarnessConfig, rank: int, group, *, device: str = "cpu",
                  collective_timeout_s: float = 5.0, hang_timeout_s: float = 5.0,
-                 trace_path: str | None = None, warm_cublas: bool = True) -> None:
+                 trace_path: str | None = None, warm_cublas: bool = True,
+                 emulated_graphs: bool = False) -> None:
         """`group` carries the DP sync (CPU tensors) and the expert all-to-alls (tensors on
         `device`): on CUDA, a group with a CPU backend and a CUDA one. Everything the rank
         allocates lives on `device`. `warm_cublas=False` only exists to show the capture
-        hazard it prevents."""
+        hazard it prevents. `emulated_graphs` keeps logical streams and emulated graphs on
+        any device (for collectives that cannot be captured, such as gloo's on CUDA)."""
         self.config = config
         self.rank = rank
         self.group = group
         self.collective_timeout_s = collective_timeout_s
-        self.streams = make_streams(device)
+        self.streams = CpuStreams(device) if emulated_graphs else make_streams(device)
         self.device = self.streams.device
         self.log = CollectiveLog(trace_path)
         self.model = MiniMoE(config, rank, LoggedAllToAll(

@@ -10,16 +10,18 @@ WORLDS = ("sim", "torchrun")
 
 
 def open_world(kind: str, nproc: int, backend: str = "gloo",
-               timeouts: Timeouts = DEFAULT_TIMEOUTS):
-    """A world with `.run(scenario) -> ScenarioResult` and `.close() -> leftover pids`."""
+               timeouts: Timeouts = DEFAULT_TIMEOUTS, device: str = "cpu"):
+    """A world with `.run(scenario) -> ScenarioResult` and `.close() -> leftover pids`.
+    `device` is where the ranks' tensors live; with gloo on CUDA the graphs are emulated."""
     if kind == "sim":
-        if backend != "gloo":
-            raise ConfigError("backend", "the sim world runs gloo only")
+        if backend != "gloo" or device != "cpu":
+            raise ConfigError("backend" if backend != "gloo" else "device",
+                              "the sim world runs gloo on the CPU only")
         from harness.world.sim import SimWorld
 
         return SimWorld(nproc, timeouts)
     if kind == "torchrun":
         from harness.world.torchrun import TorchrunWorld
 
-        return TorchrunWorld(nproc, backend, timeouts)
+        return TorchrunWorld(nproc, backend, timeouts, device)
     raise ConfigError("world", f"unknown world {kind!r} (one of {', '.join(WORLDS)})")

@@ -42,12 +42,19 @@ class WorldError(RuntimeError):
     """The world could not be started (torchrun failed, or workers never connected)."""
 
 
-def check_backend(backend: str, nproc: int) -> None:
+def check_backend(backend: str, nproc: int, device: str = "cpu") -> None:
     """One clear line for a world that cannot run here (no silent fallback)."""
     if backend not in ("gloo", "nccl"):
         raise ConfigError("backend", f"unknown backend {backend!r} (gloo or nccl)")
+    if device not in ("cpu", "cuda"):
+        raise ConfigError("device", f"unknown device {device!r} (cpu or cuda)")
     if nproc < 2:
         raise ConfigError("nproc", f"is {nproc}; a DP world needs at least 2 ranks")
+    if device == "cuda" and backend == "gloo":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("device", "cuda: no GPU is visible here; use DEVICE=cpu")
     if backend == "nccl":
         import torch
 
@@ -59,10 +66,11 @@ def check_backend(backend: str, nproc: int) -> None:
 
 class TorchrunWorld:
     def __init__(self, nproc: int, backend: str = "gloo",
-                 timeouts: Timeouts = DEFAULT_TIMEOUTS) -> None:
-        check_backend(backend, nproc)
+                 timeouts: Timeouts = DEFAULT_TIMEOUTS, device: str = "cpu") -> None:
+        check_backend(backend, nproc, device)
         self.nproc = nproc
         self.backend = backend
+        self.device = device
         self.timeouts = timeouts
         self.launches = 0
         self._proc: subprocess.Popen | None = None
@@ -92,7 +100,7 @@ class TorchrunWorld:
                f"--nproc-per-node={self.nproc}", "--max-restarts=0",
                "-m", "harness.world.worker", "--control", f"127.0.0.1:{port}",
                "--driver-pid", str(os.getpid()), "--trace-dir", str(self._dir),
-               "--backend", self.backend,
+               "--backend", self.backend, "--device", self.device,
                "--collective-timeout", str(self.timeouts.collective_s)]
         log = open(self._dir / "torchrun.log", "wb")  # noqa: SIM115 - closed with the world
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=_pythonpath())

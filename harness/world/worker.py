@@ -68,16 +68,23 @@ def _wait_for_every_rank(world_size: int) -> None:
         time.sleep(0.01)
 
 
-def _join_group(backend: str, timeout_s: float) -> str:
+def _join_group(backend: str, device_type: str, timeout_s: float) -> str:
     """Join the world's group; the device this rank's tensors live on.
 
     With nccl each rank owns GPU LOCAL_RANK: the DP sync's CPU matrix goes over gloo and the
-    expert all-to-alls (captured into real CUDA graphs) over NCCL, on one group.
+    expert all-to-alls (captured into real CUDA graphs) over NCCL, on one group. With gloo
+    on CUDA the ranks share the visible GPUs round-robin (one GPU serves them all).
     """
     timeout = timedelta(seconds=timeout_s)
     if backend != "nccl":
         dist.init_process_group(backend, timeout=timeout)
-        return "cpu"
+        if device_type == "cpu":
+            return "cpu"
+        import torch
+
+        index = int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        return f"cuda:{index}"
     import torch
 
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
@@ -88,12 +95,13 @@ def _join_group(backend: str, timeout_s: float) -> str:
 
 class Worker:
     def __init__(self, rank: int, sock: socket.socket, group, trace_dir: Path,
-                 device: str = "cpu") -> None:
+                 device: str = "cpu", emulated_graphs: bool = False) -> None:
         self.rank = rank
         self.sock = sock
         self.group = group
         self.trace_dir = trace_dir
         self.device = device
+        self.emulated_graphs = emulated_graphs
         self.runtimes: dict[tuple, tuple[RankRuntime, object]] = {}
 
     def serve(self) -> None:
@@ -113,6 +121,7 @@ class Worker:
         if key not in self.runtimes:
             runtime = RankRuntime(
                 config, self.rank, self.group, device=self.device,
+                emulated_graphs=self.emulated_graphs,
                 collective_timeout_s=timeouts.collective_s,
                 hang_timeout_s=timeouts.hang_s,
                 trace_path=str(self.trace_dir / f"collectives-{self.rank}.txt"))
@@ -147,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--driver-pid", type=int, required=True)
     parser.add_argument("--trace-dir", required=True)
     parser.add_argument("--backend", default="gloo")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--collective-timeout", type=float, default=5.0)
     args = parser.parse_args(argv)
 
@@ -163,10 +173,13 @@ def main(argv: list[str] | None = None) -> int:
     wire.send(sock, ("hello", rank, os.getpid()))
     try:
         _wait_for_every_rank(int(os.environ["WORLD_SIZE"]))
-        device = _join_group(args.backend, args.collective_timeout)
+        device = _join_group(args.backend, args.device, args.collective_timeout)
         group = dist.group.WORLD
         wire.send(sock, ("ready", rank))
-        Worker(rank, sock, group, trace_dir, device).serve()
+        # Gloo's collectives on CUDA tensors sync with the host, so they cannot be captured
+        # into a real graph: that world emulates its graphs over the CUDA tensors.
+        Worker(rank, sock, group, trace_dir, device,
+               emulated_graphs=args.backend != "nccl").serve()
     except Exception:  # noqa: BLE001 - the driver reports it with the rank
         try:
             wire.send(sock, ("crash", rank, traceback.format_exc()))
