@@ -53,7 +53,7 @@ class Budget:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class ExampleVerdict:
     """What the checkers said of one scenario, reduced to what the search needs."""
 
     ok: bool
@@ -96,21 +96,21 @@ class _BudgetSpent(BaseException):  # noqa: N818 - a control-flow signal, not an
 
 
 class _CheckerFailed(Exception):  # noqa: N818 - named for what Hypothesis reports
-    def __init__(self, verdict: Verdict) -> None:
+    def __init__(self, verdict: ExampleVerdict) -> None:
         super().__init__(f"{verdict.checker}: {verdict.detail}")
         self.verdict = verdict
 
 
 def first_failure(result: ScenarioResult, preferred: tuple[str, ...] = (),
-                  only: tuple[str, ...] | None = None) -> Verdict:
+                  only: tuple[str, ...] | None = None) -> ExampleVerdict:
     """The failing checker to report: one the variant is known by, else the earliest.
     With `only`, failures of other checkers do not count (a hunt for one class)."""
     failed = [v for _, v in result.failed_verdicts() if only is None or v.checker in only]
     if not failed:
-        return Verdict(True)
+        return ExampleVerdict(True)
     by_name = {v.checker: v for v in reversed(failed)}
     chosen = next((by_name[c] for c in preferred if c in by_name), failed[0])
-    return Verdict(False, chosen.checker, chosen.detail)
+    return ExampleVerdict(False, chosen.checker, chosen.detail)
 
 
 def replay_command(path: str, world: str) -> str:
@@ -132,14 +132,14 @@ class _Search:
     start: float = field(default_factory=time.monotonic)
     examples: int = 0
     found_at: tuple[int, float] | None = None
-    results: dict[str, Verdict] = field(default_factory=dict)
+    results: dict[str, ExampleVerdict] = field(default_factory=dict)
     last_failing: Scenario | None = None
     flaky: list[Scenario] = field(default_factory=list)  # failed once, passed on the rerun
 
     def elapsed(self) -> float:
         return time.monotonic() - self.start
 
-    def verdict(self, scenario: Scenario, shrink_bounded: bool = True) -> Verdict | None:
+    def verdict(self, scenario: Scenario, shrink_bounded: bool = True) -> ExampleVerdict | None:
         key = json.dumps(scenario.to_dict(), sort_keys=True)
         if key in self.results:
             return self.results[key]
@@ -152,7 +152,7 @@ class _Search:
         if not verdict.ok and self._judge(scenario).ok:
             # Short timeouts on a loaded machine can miss once; a real bug fails again.
             self.flaky.append(scenario)
-            verdict = Verdict(True, None, f"flaky: {verdict.checker}: {verdict.detail}")
+            verdict = ExampleVerdict(True, None, f"flaky: {verdict.checker}: {verdict.detail}")
         self.results[key] = verdict
         if not verdict.ok and self.found_at is None:
             self.found_at = (self.examples, self.elapsed())
@@ -160,7 +160,7 @@ class _Search:
             self.progress(self.examples, self.elapsed(), self.found_at is not None)
         return verdict
 
-    def _judge(self, scenario: Scenario) -> Verdict:
+    def _judge(self, scenario: Scenario) -> ExampleVerdict:
         """One world run, logged, reduced to the checker that matters."""
         began = time.monotonic()
         result = self.run(scenario)
