@@ -4,7 +4,7 @@ SYSTEM_PYTHON ?= python3
 TORCH_PIN ?= torch==2.13.0
 NPROC ?= 2
 BACKEND ?= gloo
-DEVICE ?= cpu
+DEVICE ?=
 PYTEST_WORKERS ?= 2
 
 HAVE_TORCH := $(shell $(SYSTEM_PYTHON) -c "import torch" >/dev/null 2>&1 && echo yes)
@@ -37,7 +37,7 @@ test: $(ENV_STAMP)
 # Hypothesis pass over DP skew, the fault tests; ends with a table of every scenario run.
 test-dp: $(ENV_STAMP)
 	$(PYTHON) -m pytest -q -m dist --world torchrun --nproc $(NPROC) --backend $(BACKEND) \
-		--device $(DEVICE) tests
+		$(if $(DEVICE),--device $(DEVICE)) tests
 
 # The GPU suite: real CUDA graphs and NCCL on the single-rank GPU world (one H200 is enough),
 # with what the GPU machine has installed; every test skips with a reason where no GPU is.

@@ -23,16 +23,44 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--world", choices=["sim", "torchrun"], default="sim",
                     help="sim: thread ranks in this process; torchrun: rank processes")
     group.addoption("--backend", choices=["gloo", "nccl"], default="gloo",
-                    help="process-group backend of the world (nccl: one GPU per rank)")
-    group.addoption("--device", choices=["cpu", "cuda"], default="cpu",
-                    help="where the torchrun world's tensors live (cuda with gloo: emulated "
-                    "graphs over CUDA tensors; with nccl always cuda)")
+                    help="process-group backend of the world (nccl: real CUDA graphs; more "
+                    "ranks than GPUs share them)")
+    group.addoption("--device", choices=["cpu", "cuda"], default=None,
+                    help="where the torchrun world's tensors live (default: cuda with nccl, "
+                    "cpu with gloo; cuda with gloo: emulated graphs over CUDA tensors)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     nproc = config.getoption("--nproc")
     if nproc < 2:
         raise pytest.UsageError(f"--nproc: {nproc} ranks; a DP world needs at least 2")
+    _WORLD_LINE.append(_asked_world_can_run(config))
+
+
+_WORLD_LINE: list[str] = []
+
+
+def _asked_world_can_run(config: pytest.Config) -> str:
+    """A world that was asked for and cannot run here ends the session with one line: a
+    suite that skipped what it was asked to run must not pass. Returns the layout line."""
+    from harness.world.torchrun import check_backend
+
+    world = config.getoption("--world")
+    backend, device = config.getoption("--backend"), config.getoption("--device")
+    if backend == "gloo" and device in (None, "cpu"):
+        return ""
+    if world != "torchrun":
+        raise pytest.UsageError(f"--world {world}: runs gloo on the CPU only; --backend "
+                                f"{backend} --device {device} needs --world torchrun")
+    try:
+        layout = check_backend(backend, config.getoption("--nproc"), device)
+    except ConfigError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    return layout.describe() if layout is not None else f"gloo on {device}, emulated graphs"
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    return [f"harness world: {line}" for line in _WORLD_LINE if line]
 
 
 @pytest.fixture(scope="session")
@@ -46,6 +74,7 @@ class _SummarisedWorld:
     def __init__(self, world) -> None:
         self.inner = world
         self.nproc = world.nproc
+        self.graphs = world.graphs
 
     def run(self, scenario):
         start = time.monotonic()
@@ -59,13 +88,10 @@ class _SummarisedWorld:
 def _session_world(request: pytest.FixtureRequest, nproc: int, timeouts):
     from harness.world import open_world
 
-    kind = request.config.getoption("--world")
-    backend = request.config.getoption("--backend")
-    device = request.config.getoption("--device")
-    try:
-        return open_world(kind, nproc, backend, timeouts, device)
-    except ConfigError as exc:
-        pytest.skip(f"{kind} world with {backend} on {device} cannot run here: {exc}")
+    # What cannot run here ended the session in pytest_configure, before any test.
+    return open_world(request.config.getoption("--world"), nproc,
+                      request.config.getoption("--backend"), timeouts,
+                      request.config.getoption("--device"))
 
 
 @pytest.fixture(scope="session")

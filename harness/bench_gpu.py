@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from harness import bench_gpu_dp
 from harness.gpu.world import (
     open_single_rank_gpu_world,
     single_rank_config,
@@ -260,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="max_num_reqs of the twins=all config (below the largest size)")
     parser.add_argument("--no-twins", action="store_true", help="skip the twin memory run")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--dp-nproc", type=int, default=2,
+                        help="ranks of the DP table's NCCL world (0: no DP table)")
+    parser.add_argument("--dp-sizes", default="8,32,128,512")
     args = parser.parse_args(argv)
     try:
         sizes = tuple(int(s) for s in args.sizes.split(","))
@@ -285,6 +289,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if world is not None:
             world.close()
+    if args.dp_nproc and args.device == "cuda":
+        print()
+        sys.stdout.flush()
+        return bench_gpu_dp.main(["--nproc", str(args.dp_nproc), "--sizes", args.dp_sizes,
+                                  "--warmup", str(args.warmup), "--iters", str(args.iters)])
     return 0
 
 

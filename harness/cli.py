@@ -24,7 +24,7 @@ from harness.gen.exhaustive import explore
 from harness.report.command import add_report_command
 from harness.scenario import load_scenario
 from harness.sut.step_plan import StepPlan, decide_on_rank
-from harness.world import WORLDS, open_world
+from harness.world import WORLDS, add_backend_flags, open_world
 from harness.world.results import DEFAULT_TIMEOUTS, StepResult
 from harness.world.threads import RankFailure, RankHang, ThreadWorld
 
@@ -126,7 +126,8 @@ def _step_title(step: StepResult) -> str:
 def cmd_run(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario)
     timeouts = timeouts_from_args(args)
-    world = open_world(args.world, scenario.config.dp_size, args.backend, timeouts)
+    world = open_world(args.world, scenario.config.dp_size, args.backend, timeouts,
+                       args.device)
     try:
         result = world.run(scenario)
     finally:
@@ -206,8 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--world", choices=WORLDS, default="sim",
                      help="sim: ranks as threads of this process with real gloo groups; "
                      "torchrun: one process per rank, launched by torchrun")
-    run.add_argument("--backend", choices=["gloo", "nccl"], default="gloo",
-                     help="process-group backend (nccl: one GPU per rank)")
+    add_backend_flags(run)
     run.add_argument("--json", action="store_true", help="print one JSON object")
     add_timeout_flags(run, DEFAULT_TIMEOUTS)
     run.set_defaults(func=cmd_run)

@@ -3,11 +3,14 @@
     {"name": ..., "config": {...HarnessConfig fields...},
      "steps": [{"ranks": [{"query_lens": [1, 1, 1]}, {"tokens": 64, "allow_ubatching": false}]}],
      "faults": [{"kind": "raise_in_ubatch", "rank": 0, "step": 0, "ubatch": 0}],
-     "expect": {"caught_by": "checker name"}}
+     "expect": {"caught_by": "checker name", "caught_by_on": {"cuda": "other checker"}}}
 
 A rank is given by `query_lens` (one entry per request) or by `tokens` (that many one-token
 decode requests); `{"tokens": 0}` is an idle rank. Request i of a rank keeps state slot i
-across steps, so later steps continue the same requests.
+across steps, so later steps continue the same requests. `caught_by` names the checker
+that catches the bug on emulated graphs; `caught_by_on` names another per graph backend
+where the real thing shows the bug elsewhere (a capture on the wrong stream fails capture on
+CUDA outright, where the emulation records an empty graph).
 """
 
 from __future__ import annotations
@@ -65,8 +68,14 @@ class Scenario:
     name: str = "scenario"
     description: str = ""
     caught_by: str | None = None  # the checker a regression scenario must trip
+    # Per graph backend ("emulated", "cuda"), a checker other than `caught_by` that catches it.
+    caught_by_on: tuple[tuple[str, str], ...] = ()
     # The config changes that turn the buggy variant back into the reference behaviour.
     reference_changes: tuple[tuple[str, Any], ...] = ()
+
+    def expected_checker(self, graphs: str) -> str | None:
+        """The checker that must catch this scenario on the `graphs` backend."""
+        return dict(self.caught_by_on).get(graphs, self.caught_by)
 
     def batches(self, step: int) -> list[RankBatch]:
         return [r.batch() for r in self.steps[step]]
@@ -108,6 +117,8 @@ class Scenario:
         if self.caught_by or self.reference_changes:
             data["expect"] = {"caught_by": self.caught_by,
                               "reference": dict(self.reference_changes)}
+            if self.caught_by_on:
+                data["expect"]["caught_by_on"] = dict(self.caught_by_on)
         return data
 
     def with_dp_size(self, dp_size: int) -> Scenario:
@@ -147,7 +158,8 @@ class Scenario:
     def with_reference_behaviour(self) -> Scenario:
         """The same scenario with the variant switched back to the reference."""
         config = HarnessConfig(**{**self.config.to_dict(), **dict(self.reference_changes)})
-        return replace(self, config=config, caught_by=None, reference_changes=())
+        return replace(self, config=config, caught_by=None, caught_by_on=(),
+                       reference_changes=())
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
@@ -225,6 +237,21 @@ def _fault_from_dict(data: Any, where: str, config: HarnessConfig, num_steps: in
     return Fault(kind, rank, step, ubatch, float(seconds))
 
 
+GRAPH_BACKENDS = ("emulated", "cuda")
+
+
+def _caught_by_on(data: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(data, dict):
+        raise ConfigError("expect.caught_by_on", "must be an object of graph backend: checker")
+    for backend, checker in data.items():
+        if backend not in GRAPH_BACKENDS:
+            raise ConfigError(f"expect.caught_by_on.{backend}", "is not a graph backend (one "
+                              f"of {', '.join(GRAPH_BACKENDS)})")
+        if not isinstance(checker, str):
+            raise ConfigError(f"expect.caught_by_on.{backend}", "must name a checker")
+    return tuple(sorted(data.items()))
+
+
 def scenario_from_dict(data: Any) -> Scenario:
     if not isinstance(data, dict):
         raise ConfigError("scenario", "must be an object with `config` and `steps`")
@@ -265,6 +292,7 @@ def scenario_from_dict(data: Any) -> Scenario:
         raise ConfigError("expect.reference", "must be an object of config fields")
     scenario = Scenario(config, tuple(steps), faults, str(data.get("name", "scenario")),
                         str(data.get("description", "")), expect.get("caught_by"),
+                        _caught_by_on(expect.get("caught_by_on", {})),
                         tuple(sorted(reference.items())))
     if reference:
         try:

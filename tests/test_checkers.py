@@ -64,6 +64,18 @@ def test_an_unexplained_error_fails_and_a_timed_out_peer_of_a_fault_passes():
     assert not check_errors([replace(recs[0], error=hang, injected_fault=True), recs[1]]).ok
 
 
+def test_a_peer_whose_gpu_stays_held_by_the_faulty_ranks_collective_passes_only_then():
+    recs = records()
+    wedged = StepError("DeviceWedged", "rank 1 step 0: the GPU work did not finish")
+    named = StepError("RuntimeError", "Microbatch 0 of 2 failed", "InjectedFault: boom")
+    faulted = [replace(recs[0], error=named, injected_fault=True), replace(recs[1], error=wedged)]
+    assert check_errors(faulted).ok
+    # Without an injected fault a wedged device is a finding, on whichever rank.
+    assert not check_errors([recs[0], replace(recs[1], error=wedged)]).ok
+    three = [*recs, replace(recs[1], rank=2, error=wedged)]  # only the last rank differs
+    assert not check_errors(three).ok
+
+
 def test_a_rank_issuing_another_collective_is_named_with_its_position():
     recs = records()
     other = replace(recs[1], fingerprint=(("all_reduce", (6, 2)), ("all_to_all", (130, 19))))

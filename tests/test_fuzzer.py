@@ -106,7 +106,8 @@ def test_fuzz_pins_what_the_flags_name(capsys, tmp_path):
     (["--variant", "nope"], "variant"),
     (["--examples", "0"], "examples"),
     (["--nproc", "1"], "dp_size"),
-    (["--world", "torchrun", "--backend", "nccl"], "nproc"),
+    (["--world", "torchrun", "--backend", "nccl", "--device", "cpu"], "device"),
+    (["--world", "sim", "--backend", "nccl"], "backend"),
 ])
 def test_fuzz_answers_bad_input_with_one_line_naming_the_field(capsys, tmp_path, flags, field):
     code = main(["fuzz", "--no-database", "--log", str(tmp_path / "log"), *flags])

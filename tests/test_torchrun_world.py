@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 from harness.cli import EXIT_BAD_INPUT, main
 from harness.errors import ConfigError
 from harness.scenario import scenario_from_dict
+from harness.world.gpus import pids_holding_gpu_memory
 from harness.world.results import Timeouts
 from harness.world.torchrun import TorchrunWorld, check_backend
 
@@ -30,16 +32,27 @@ SMALL = {"capture_sizes": [16, 32], "max_num_reqs": 32, "max_num_batched_tokens"
 
 
 @pytest.fixture(scope="module")
-def faulty_world():
-    world = TorchrunWorld(2, timeouts=TIMEOUTS)
+def faulty_world(request, nproc):
+    """The session's kind of torchrun world (gloo or NCCL, any size) with short bounds."""
+    world = TorchrunWorld(nproc, request.config.getoption("--backend"), TIMEOUTS,
+                          request.config.getoption("--device"))
     yield world
     assert world.close() == []
 
 
-def scenario(faults: list, config: dict | None = None, steps: int = 2):
+def scenario(faults: list, config: dict | None = None, steps: int = 2, nproc: int = 2):
     return scenario_from_dict({"name": faults[0]["kind"] if faults else "clean",
                                "config": config or SMALL,
-                               "steps": [{"ranks": [20, 24]}] * steps, "faults": faults})
+                               "steps": [{"ranks": [20, 24]}] * steps,
+                               "faults": faults}).with_dp_size(nproc)
+
+
+def gpu_memory_used_mib() -> int | None:
+    if shutil.which("nvidia-smi") is None:
+        return None
+    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, timeout=10).stdout
+    return sum(int(v) for v in out.split())
 
 
 def run_and_check_cleanup(world: TorchrunWorld, case):
@@ -49,9 +62,11 @@ def run_and_check_cleanup(world: TorchrunWorld, case):
     start = time.monotonic()
     result = world.run(case)
     elapsed = time.monotonic() - start
-    assert elapsed < TIMEOUTS.step_deadline_s + 5.0 + GRACE_S, f"took {elapsed:.1f} s"
+    assert elapsed < world.timeouts.step_deadline_s + 5.0 + GRACE_S, f"took {elapsed:.1f} s"
     if not world.alive:  # torn down after the failure: nothing of it may be left
         assert not [p for p in pids if psutil.pid_exists(p)]
+        if world.device == "cuda":
+            assert pids_holding_gpu_memory(pids) == []
     return result
 
 
@@ -63,29 +78,31 @@ def verdicts(result) -> dict[str, str]:
 def test_a_killed_rank_is_named_and_the_world_is_rebuilt(faulty_world):
     launches = faulty_world.launches
     result = run_and_check_cleanup(faulty_world, scenario(
-        [{"kind": "kill_rank", "rank": 1, "step": 1}]))
+        [{"kind": "kill_rank", "rank": 1, "step": 1}], nproc=faulty_world.nproc))
     assert "rank 1 was killed" in result.evidence
     killed = result.steps[1].records[1]
     assert killed.error.kind == "RankKilled"
     assert result.steps[0].ok  # the step before the kill held
     errors = next(v for v in result.steps[1].verdicts if v.checker == "errors")
     assert errors.ok and "rank 1 RankKilled" in errors.detail
-    assert run_and_check_cleanup(faulty_world, scenario([])).ok
+    assert run_and_check_cleanup(faulty_world, scenario([], nproc=faulty_world.nproc)).ok
     assert faulty_world.launches > launches
 
 
 def test_a_rank_that_skips_the_sync_leaves_its_peer_timing_out_not_hanging(faulty_world):
     result = run_and_check_cleanup(faulty_world, scenario(
-        [{"kind": "skip_sync", "rank": 1, "step": 0}]))
+        [{"kind": "skip_sync", "rank": 1, "step": 0}], nproc=faulty_world.nproc))
     records = result.steps[0].records
     assert records[1].error.kind == "InjectedFault"
     assert "CollectiveTimeout" in records[0].error.describe()
     assert [s.ok for s in result.steps] == [True]
+    # The world is rebuilt after it, and shows every rank's stacks first.
+    assert all(f"--- rank {r} stacks ---" in result.evidence for r in range(faulty_world.nproc))
 
 
 def test_a_rank_slower_than_the_deadline_is_reported_as_a_hang_with_stacks(faulty_world):
     result = run_and_check_cleanup(faulty_world, scenario(
-        [{"kind": "slow_rank", "rank": 0, "step": 0, "seconds": 60}]))
+        [{"kind": "slow_rank", "rank": 0, "step": 0, "seconds": 60}], nproc=faulty_world.nproc))
     assert verdicts(result)["liveness"].startswith("ranks [0] still running")
     assert "ranks [0] missed their deadline at step 0" in result.evidence
     assert "rank 1 trace tail: -- step 0 | #" in result.evidence  # rank 1 waits in the sync
@@ -96,17 +113,37 @@ def test_a_stock_microbatch_failure_is_a_named_hang_and_abortable_names_the_micr
         faulty_world):
     config = dict(SMALL, cudagraph_mode="NONE", all2all_backend="deepep_high_throughput")
     fault = [{"kind": "raise_in_ubatch", "rank": 0, "step": 0}]
-    stock = run_and_check_cleanup(faulty_world, scenario(fault, dict(config, protocol="stock")))
+    stock = run_and_check_cleanup(faulty_world, scenario(
+        fault, dict(config, protocol="stock"), nproc=faulty_world.nproc))
     assert verdicts(stock)["liveness"].startswith("rank 0 hung: MicrobatchHang")
-    abortable = run_and_check_cleanup(faulty_world, scenario(fault, config))
-    assert abortable.ok
+    assert "--- rank 1 stacks ---" in stock.evidence
+    abortable = run_and_check_cleanup(faulty_world, scenario(
+        fault, config, nproc=faulty_world.nproc))
+    assert abortable.ok, (verdicts(abortable), abortable.evidence)
     assert abortable.steps[0].records[0].error.describe().startswith(
         "RuntimeError: Microbatch 0 of 2 failed")
 
 
+def test_a_microbatch_fault_on_one_rank_is_named_there_and_times_out_its_peers(faulty_world):
+    # Found by the fuzzer on the reference over NCCL, where it read as a hang: the peer's
+    # all-to-all only fails once its communicator is aborted, after the hang timeout.
+    n = faulty_world.nproc
+    case = scenario_from_dict({
+        "name": "fault-in-one-rank", "config": {
+            "dp_size": n, "capture_sizes": [8], "decode_threshold": 2, "prefill_threshold": 4,
+            "max_num_reqs": 8, "max_num_batched_tokens": 16},
+        "steps": [{"ranks": [{"tokens": 4}] + [{"query_lens": [1, 1, 1, 1, 2, 2]}] * (n - 1)}],
+        "faults": [{"kind": "raise_in_ubatch", "rank": 1, "step": 0, "ubatch": 1}]})
+    result = run_and_check_cleanup(faulty_world, case)
+    assert result.ok, (verdicts(result), result.evidence)
+    records = result.steps[0].records
+    assert records[1].error.describe().startswith("RuntimeError: Microbatch 1 of 2 failed")
+    assert "CollectiveTimeout" in records[0].error.describe()
+
+
 def test_rank_asymmetric_candidates_fail_capture_with_a_named_verdict(faulty_world):
     config = dict(SMALL, threshold_offset_rank=1, threshold_offset=16)
-    result = run_and_check_cleanup(faulty_world, scenario([], config))
+    result = run_and_check_cleanup(faulty_world, scenario([], config, nproc=faulty_world.nproc))
     found = verdicts(result)
     assert "capture_symmetry" in found, (found, result.evidence, result.startup)
     assert found["capture_symmetry"].startswith("ranks [1] plan other graphs")
@@ -148,17 +185,32 @@ def _running(pid: int) -> bool:
         return False
 
 
-def test_nccl_with_fewer_gpus_than_ranks_is_one_line_and_exit_2(capsys, tmp_path):
+def test_nccl_without_a_gpu_is_one_line_and_exit_2(capsys, tmp_path):
     import torch
 
-    if torch.cuda.device_count() >= 2:
-        pytest.skip("enough GPUs for a 2-rank nccl world")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: nccl can run here")
     with pytest.raises(ConfigError) as error:
         check_backend("nccl", 2)
-    assert error.value.field == "nproc"
+    assert error.value.field == "backend"
     path = tmp_path / "s.json"
     path.write_text(json.dumps({"config": SMALL, "steps": [{"ranks": [20, 24]}]}))
     assert main(["run", "--scenario", str(path), "--world", "torchrun",
                  "--backend", "nccl"]) == EXIT_BAD_INPUT
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: nproc: 2 ranks need 2 GPUs for nccl")
+    assert len(err) == 1 and err[0].startswith("error: backend: nccl needs a GPU")
+
+
+def test_the_distributed_suite_asked_for_nccl_without_a_gpu_fails_in_one_line_not_skips():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: nccl can run here")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "dist", "--world",
+                           "torchrun", "--backend", "nccl", "-p", "no:cacheprovider",
+                           "tests/test_distributed_suite.py"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode != 0
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert lines == ["ERROR: backend: nccl needs a GPU and none is visible here; use "
+                     "BACKEND=gloo (or --backend gloo)"]

@@ -98,7 +98,10 @@ def _names_the_fault(err) -> bool:
 
 
 def _timed_out(err) -> bool:
-    return err.kind == "CollectiveTimeout" or (err.cause or "").startswith("CollectiveTimeout")
+    """A collective the faulty rank never joined: timed out, or (NCCL) still holding the GPU
+    after its communicator was aborted."""
+    kinds = ("CollectiveTimeout", "DeviceWedged")
+    return err.kind in kinds or (err.cause or "").startswith(kinds)
 
 
 def check_agreement(records: Sequence[StepRecord]) -> Verdict:

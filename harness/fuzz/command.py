@@ -31,7 +31,7 @@ from harness.fuzz.variants import (
     expects_a_finding,
     variant_named,
 )
-from harness.world import WORLDS
+from harness.world import WORLDS, add_backend_flags
 from harness.world.pool import WorldPool
 
 DEFAULT_SECONDS = 60.0
@@ -48,7 +48,7 @@ def add_fuzz_command(sub) -> argparse.ArgumentParser:
                     help="whose decision code the ranks run: the harness's (default) or the "
                     "installed vLLM's (held to the harness's reference by `differential`)")
     fz.add_argument("--world", choices=WORLDS, default="sim")
-    fz.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
+    add_backend_flags(fz)
     fz.add_argument("--nproc", type=int, metavar="N",
                     help="fix the DP size (default: drawn from "
                     f"{', '.join(map(str, SIM_DP_SIZES))} in the sim world, 2 in torchrun)")
@@ -112,6 +112,12 @@ def budget_from_args(args: argparse.Namespace) -> Budget:
     return Budget(examples=args.examples, seconds=seconds, shrink_seconds=args.shrink_seconds)
 
 
+def _world_flags(args: argparse.Namespace) -> str:
+    """The flags a replay needs to run on the same kind of world."""
+    flags = f"--backend {args.backend}" if args.backend != "gloo" else ""
+    return f"{flags} --device {args.device}".strip() if args.device else flags
+
+
 def cmd_fuzz(args: argparse.Namespace) -> int:
     variants = chosen_variants(args)
     fixed = pinned_fields(args)
@@ -121,7 +127,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     dp_sizes = (nproc,) if nproc is not None else SIM_DP_SIZES
     profile = args.profile or profile_from_environment()
     outcomes = []
-    with WorldPool(args.world, args.backend, timeouts, nproc) as pool:
+    with WorldPool(args.world, args.backend, timeouts, nproc, args.device) as pool:
         for variant in variants:
             bar = ProgressBar(f"fuzz {variant.name}", budget.seconds, budget.examples,
                               force=args.progress)
@@ -130,7 +136,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
                                fixed=fixed, budget=budget, profile=profile,
                                database=None if args.no_database else args.database,
                                log_path=args.log, scenario_dir=args.found_dir,
-                               seed=args.hypothesis_seed, progress=bar.update)
+                               seed=args.hypothesis_seed, progress=bar.update,
+                               world_flags=_world_flags(args))
             finally:
                 bar.close()
             outcomes.append(outcome)

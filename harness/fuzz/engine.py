@@ -113,8 +113,9 @@ def first_failure(result: ScenarioResult, preferred: tuple[str, ...] = (),
     return ExampleVerdict(False, chosen.checker, chosen.detail)
 
 
-def replay_command(path: str, world: str) -> str:
-    return f"python -m harness run --scenario {shlex.quote(path)} --world {world}"
+def replay_command(path: str, world: str, world_flags: str = "") -> str:
+    command = f"python -m harness run --scenario {shlex.quote(path)} --world {world}"
+    return f"{command} {world_flags}".rstrip()
 
 
 @dataclass
@@ -213,9 +214,11 @@ def fuzz(variant: Variant, run: Callable[[Scenario], ScenarioResult], *, world: 
          budget: Budget = Budget(), profile: str = "dev", database: str | None = None,
          log_path: str | Path | None = None, scenario_dir: str | Path = ".harness/found",
          seed: int | None = None, hunt: tuple[str, ...] | None = None,
-         progress: Callable[[int, float, bool], None] | None = None) -> FuzzOutcome:
+         progress: Callable[[int, float, bool], None] | None = None,
+         world_flags: str = "") -> FuzzOutcome:
     """Search for a scenario some checker (one of `hunt`, if given) rejects; shrink and
-    return it, or report that none was found within the budget."""
+    return it, or report that none was found within the budget. `world_flags` complete the
+    replay command (e.g. `--backend nccl`)."""
     fixed = dict(fixed or {})
     search = _Search(run, variant, world, budget, Path(log_path) if log_path else None,
                      progress, hunt)
@@ -270,7 +273,8 @@ def fuzz(variant: Variant, run: Callable[[Scenario], ScenarioResult], *, world: 
     found_examples, found_seconds = search.found_at or (None, None)
     outcome = FuzzOutcome(variant.name, world, True, failure.verdict.checker,
                           failure.verdict.detail, shrunk, search.examples, seconds,
-                          found_examples, found_seconds, replay_command(str(path), world),
+                          found_examples, found_seconds,
+                          replay_command(str(path), world, world_flags),
                           _blob(failure, reports), note, tuple(search.flaky))
     if search.log_path is not None:
         append(search.log_path, finding_entry(search.run_id, outcome))

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+POLL_S = 0.0002  # an all-to-all over sockets takes about 2 ms
 
 
 class CollectiveTimeout(RuntimeError):
@@ -26,6 +29,27 @@ def wait_bounded(work, what: str, timeout_s: float) -> None:
         work.wait(timedelta(seconds=timeout_s))
     except RuntimeError as exc:
         raise CollectiveTimeout(f"{what} did not complete: {str(exc).splitlines()[0]}") from exc
+
+
+def wait_polled(work, what: str, timeout_s: float) -> None:
+    """Wait for a CUDA collective (NCCL) by polling its completion from the host.
+
+    NCCL's own timed wait frees a collective that times out only by aborting the whole
+    communicator, which was measured to hang with two ranks sharing an H200 (docs/worlds.md).
+    A collective whose peer never comes is instead left on the device: the step fails here
+    with a named timeout, and the rank's device fence finds its streams held (DeviceWedged).
+    """
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not work.is_completed():
+            if time.monotonic() >= deadline:
+                raise CollectiveTimeout(f"{what} did not complete within {timeout_s:.1f} s")
+            time.sleep(POLL_S)
+        work.wait()  # only orders the current stream after the finished collective
+    except RuntimeError as exc:
+        if isinstance(exc, CollectiveTimeout):
+            raise
+        raise CollectiveTimeout(f"{what} failed: {str(exc).splitlines()[0]}") from exc
 
 
 def wait_stream_ordered(work, what: str) -> None:
@@ -54,18 +78,29 @@ class EagerAllToAll:
     """`all_to_all_single` with equal splits, issued async; its wait is bounded on the host,
     or stream-ordered when it was issued or is waited inside a CUDA graph capture."""
 
-    def __init__(self, group: dist.ProcessGroup, timeout_s: float) -> None:
+    def __init__(self, group: dist.ProcessGroup, timeout_s: float,
+                 host_synced: bool = False) -> None:
+        """`host_synced`: the group's CUDA collectives complete on the host (gloo), so their
+        own timed wait is the bound; otherwise (NCCL) the wait polls the device."""
         self.group = group
         self.timeout_s = timeout_s
+        self.host_synced = host_synced
 
     def __call__(self, out: torch.Tensor, inp: torch.Tensor) -> Callable[[], None]:
         issued_in_capture = is_capturing(inp)
-        work = dist.all_to_all_single(out, inp, group=self.group, async_op=True)
         what = f"all_to_all of {tuple(inp.shape)}"
+        try:
+            work = dist.all_to_all_single(out, inp, group=self.group, async_op=True)
+        except RuntimeError as exc:
+            # NCCL refuses new work on a communicator aborted after an earlier timeout.
+            raise CollectiveTimeout(f"{what} could not be issued: "
+                                    f"{str(exc).splitlines()[0]}") from exc
 
         def wait() -> None:
             if issued_in_capture or is_capturing(inp):
                 wait_stream_ordered(work, what)
+            elif inp.is_cuda and not self.host_synced:
+                wait_polled(work, what, self.timeout_s)
             else:
                 wait_bounded(work, what, self.timeout_s)
 
@@ -116,3 +151,4 @@ class LoggedAllToAll:
     def __call__(self, out: torch.Tensor, inp: torch.Tensor) -> Callable[[], None]:
         self.log.add("all_to_all", tuple(inp.shape))
         return self.inner(out, inp)
+

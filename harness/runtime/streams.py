@@ -285,6 +285,12 @@ class CudaStreams:
         self._names[raw] = name
         return CudaStream(self, raw, name)
 
+    def all_raw(self) -> list[torch.cuda.Stream]:
+        """Every stream made here and the calling thread's current one: the work a rank
+        has queued on its device."""
+        current = torch.cuda.current_stream(self.device)
+        return list(self._names) + ([current] if current not in self._names else [])
+
     def new_event(self, name: str | None = None) -> CudaEvent:
         return CudaEvent(self, name or f"event-{next(self._event_ids)}")
 

@@ -23,8 +23,9 @@ from harness.check.records import (
 from harness.config import CudaGraphMode, HarnessConfig
 from harness.model.moe import MiniMoE, RequestSpec, StateCache, StepBuffers, initial_state
 from harness.runtime.comm import CollectiveLog, EagerAllToAll, LoggedAllToAll
+from harness.runtime.device_fence import DeviceFence, DeviceWedged
 from harness.runtime.graphs import make_graph_backend
-from harness.runtime.streams import CpuStreams, make_streams
+from harness.runtime.streams import CpuStreams, CudaStreams, make_streams
 from harness.scenario import Fault, FaultKind, InjectedFault, RankStep
 from harness.sut import systems
 from harness.sut.dp_sync import NUM_ROWS
@@ -54,7 +55,8 @@ class RankRuntime:
         self.device = self.streams.device
         self.log = CollectiveLog(trace_path)
         self.model = MiniMoE(config, rank, LoggedAllToAll(
-            EagerAllToAll(group, collective_timeout_s), self.log), device=self.device)
+            EagerAllToAll(group, collective_timeout_s, host_synced=emulated_graphs),
+            self.log), device=self.device)
         self.cache = StateCache(config.max_num_reqs, config.hidden_size, self.device)
         self.cache.state.copy_(initial_state(config, rank))
         self.runner = MicrobatchRunner(config, self.streams, hang_timeout_s,
@@ -63,6 +65,9 @@ class RankRuntime:
         backend = make_graph_backend(self.streams, collective_timeout_s)
         self.manager = GraphManager(config, self.table, self.streams, backend, self.runner,
                                     self.model, self.cache, self.log)
+        # On CUDA, results are read only once the device work is known to be done.
+        self.fence = (DeviceFence(self.streams.all_raw, collective_timeout_s)
+                      if isinstance(self.streams, CudaStreams) else None)
 
     def reset_state(self) -> None:
         """Back to the initial per-request state, for the next scenario on the same graphs."""
@@ -106,6 +111,8 @@ class RankRuntime:
         kinds = {f.kind for f in faults}
         self.log.note(f"step {index}")
         try:
+            if self.fence is not None:
+                self.fence.check()  # a device held by a stuck collective takes no new work
             if FaultKind.SLOW_RANK in kinds:
                 time.sleep(max(f.seconds for f in faults if f.kind is FaultKind.SLOW_RANK))
             if FaultKind.SKIP_SYNC in kinds:
@@ -130,15 +137,29 @@ class RankRuntime:
         except BaseException as exc:  # noqa: BLE001 - reported in the record
             error = error_of(exc)
             fingerprint = self.log.since(mark)
+        error = self._fence(index, error)
+        wedged = self.fence is not None and self.fence.wedged is not None
         return StepRecord(
             rank=self.rank, step=index, plan=plan, executed=executed,
             captured_split=tuple(span(s) for s in captured_split),
             replay_split=tuple(span(s) for s in replay_split),
             fingerprint=fingerprint, routes=self._received_routes(ran, error is None),
-            outputs=_rows(outputs), state=_rows(self.cache.state),
+            # A wedged device would block any read; its rows are left out.
+            outputs=() if wedged else _rows(outputs),
+            state=() if wedged else _rows(self.cache.state),
             threads_alive=tuple(self.runner.alive_threads()),
             pending_run=self.runner.has_pending_run, error=error,
             injected_fault=bool(faults), seconds=time.monotonic() - start)
+
+    def _fence(self, index: int, error):
+        """Wait, bounded, for the step's device work; the step's error (its own first)."""
+        if self.fence is None:
+            return error
+        try:
+            self.fence.wait(f"rank {self.rank} step {index}")
+        except DeviceWedged as exc:
+            return error or error_of(exc)
+        return error
 
     def _received_routes(self, split, completed: bool) -> tuple[tuple[int, int, int], ...]:
         if not completed:

@@ -10,11 +10,12 @@ WORLDS = ("sim", "torchrun")
 
 
 def open_world(kind: str, nproc: int, backend: str = "gloo",
-               timeouts: Timeouts = DEFAULT_TIMEOUTS, device: str = "cpu"):
+               timeouts: Timeouts = DEFAULT_TIMEOUTS, device: str | None = None):
     """A world with `.run(scenario) -> ScenarioResult` and `.close() -> leftover pids`.
-    `device` is where the ranks' tensors live; with gloo on CUDA the graphs are emulated."""
+    `device` is where the ranks' tensors live (None: the backend's own, cuda for nccl);
+    with gloo on CUDA the graphs are emulated."""
     if kind == "sim":
-        if backend != "gloo" or device != "cpu":
+        if backend != "gloo" or device not in (None, "cpu"):
             raise ConfigError("backend" if backend != "gloo" else "device",
                               "the sim world runs gloo on the CPU only")
         from harness.world.sim import SimWorld
@@ -25,3 +26,13 @@ def open_world(kind: str, nproc: int, backend: str = "gloo",
 
         return TorchrunWorld(nproc, backend, timeouts, device)
     raise ConfigError("world", f"unknown world {kind!r} (one of {', '.join(WORLDS)})")
+
+
+def add_backend_flags(parser) -> None:
+    """`--backend` and `--device` of the commands that open a world."""
+    parser.add_argument("--backend", choices=["gloo", "nccl"], default="gloo",
+                        help="process-group backend of the torchrun world (nccl: real CUDA "
+                        "graphs; ranks share the GPUs when there are fewer GPUs than ranks)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                        help="where the ranks' tensors live (default: cuda with nccl, cpu with "
+                        "gloo; cuda with gloo emulates the graphs over CUDA tensors)")

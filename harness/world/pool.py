@@ -11,12 +11,13 @@ from harness.world.results import ScenarioResult, Timeouts
 
 class WorldPool:
     def __init__(self, kind: str, backend: str, timeouts: Timeouts,
-                 nproc: int | None = None) -> None:
+                 nproc: int | None = None, device: str | None = None) -> None:
         if kind != "sim" and nproc is None:
             raise ConfigError("nproc", f"the {kind} world is one job of a fixed size: give "
                               "--nproc")
         self.kind = kind
         self.backend = backend
+        self.device = device
         self.timeouts = timeouts
         self.nproc = nproc
         self._worlds: dict[int, object] = {}
@@ -29,7 +30,7 @@ class WorldPool:
         return world.run(scenario)
 
     def _open(self, dp: int):
-        world = open_world(self.kind, dp, self.backend, self.timeouts)
+        world = open_world(self.kind, dp, self.backend, self.timeouts, self.device)
         self._worlds[dp] = world
         return world
 

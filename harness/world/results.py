@@ -15,6 +15,8 @@ from harness.scenario import Scenario
 from harness.sut.step_plan import plan_without_world
 from harness.sut.systems import reference_config
 
+DEVICE_MARGIN_S = 0.5
+
 # Start-up verdicts after which the steps still run (their consequences show in the steps).
 STEPS_RUN_AFTER = ("graphs_reachable", "graphs_capture_work", "capture_symmetry")
 
@@ -38,6 +40,14 @@ class Timeouts:
     @property
     def startup_deadline_s(self) -> float:
         return 4 * self.step_deadline_s
+
+    def with_device_fence(self) -> Timeouts:
+        """The bounds of a world whose ranks wait for their GPU work after each step (NCCL):
+        a step that failed on a collective may then wait one more collective bound before
+        its device counts as wedged. `DEVICE_MARGIN_S` covers polling and launches."""
+        hang = max(self.hang_s, self.collective_s + DEVICE_MARGIN_S)
+        deadline = max(self.step_deadline_s, hang + 2 * self.collective_s + DEVICE_MARGIN_S)
+        return Timeouts(self.collective_s, hang, deadline)
 
 
 DEFAULT_TIMEOUTS = Timeouts()

@@ -35,6 +35,8 @@ MAX_CACHED_CONFIGS = 32
 class SimWorld:
     """The in-process world behind the same interface as the torchrun world."""
 
+    graphs = "emulated"  # the graph backend its ranks capture with
+
     def __init__(self, nproc: int, timeouts: Timeouts = DEFAULT_TIMEOUTS,
                  max_cached_configs: int = MAX_CACHED_CONFIGS) -> None:
         self.nproc = nproc

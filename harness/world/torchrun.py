@@ -12,7 +12,6 @@ import os
 import selectors
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,7 +23,8 @@ from harness.check.checkers import check_startup
 from harness.check.records import StartupRecord, StepError, StepRecord
 from harness.errors import ConfigError
 from harness.scenario import FaultKind, Scenario
-from harness.world import wire
+from harness.world.control_server import ControlServer
+from harness.world.gpus import GpuLayout, pids_holding_gpu_memory, visible_gpus
 from harness.world.results import (
     DEFAULT_TIMEOUTS,
     ScenarioResult,
@@ -33,48 +33,52 @@ from harness.world.results import (
     startup_lets_steps_run,
     step_failed,
 )
+from harness.world.wire import CONTROL_KEY_ENV, Channel, ChannelClosed, new_control_key
 
 LAUNCH_TIMEOUT_S = 90.0  # torchrun start plus `import torch` in every worker
 STOP_TIMEOUT_S = 10.0
+STACKS_WAIT_S = 1.0  # for every rank to dump its stacks on SIGUSR1
 
 
 class WorldError(RuntimeError):
     """The world could not be started (torchrun failed, or workers never connected)."""
 
 
-def check_backend(backend: str, nproc: int, device: str = "cpu") -> None:
-    """One clear line for a world that cannot run here (no silent fallback)."""
+def check_backend(backend: str, nproc: int, device: str | None = None) -> GpuLayout | None:
+    """One clear line for a world that cannot run here (no silent fallback, no skip); the
+    GPU layout of an NCCL world. `device` None means the backend's own: cuda for nccl."""
     if backend not in ("gloo", "nccl"):
         raise ConfigError("backend", f"unknown backend {backend!r} (gloo or nccl)")
+    device = device or ("cuda" if backend == "nccl" else "cpu")
     if device not in ("cpu", "cuda"):
         raise ConfigError("device", f"unknown device {device!r} (cpu or cuda)")
     if nproc < 2:
         raise ConfigError("nproc", f"is {nproc}; a DP world needs at least 2 ranks")
-    if device == "cuda" and backend == "gloo":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ConfigError("device", "cuda: no GPU is visible here; use DEVICE=cpu")
     if backend == "nccl":
-        import torch
-
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if gpus < nproc:
-            raise ConfigError("nproc", f"{nproc} ranks need {nproc} GPUs for nccl (one per "
-                              f"rank) but {gpus} are visible; use BACKEND=gloo")
+        if device != "cuda":
+            raise ConfigError("device", "nccl runs on cuda; use --device cuda or gloo")
+        return GpuLayout(nproc, visible_gpus())
+    if device == "cuda" and visible_gpus() == 0:
+        raise ConfigError("device", "cuda: no GPU is visible here; use DEVICE=cpu")
+    return None
 
 
 class TorchrunWorld:
     def __init__(self, nproc: int, backend: str = "gloo",
-                 timeouts: Timeouts = DEFAULT_TIMEOUTS, device: str = "cpu") -> None:
-        check_backend(backend, nproc, device)
+                 timeouts: Timeouts = DEFAULT_TIMEOUTS, device: str | None = None) -> None:
+        self.layout = check_backend(backend, nproc, device)
         self.nproc = nproc
         self.backend = backend
-        self.device = device
-        self.timeouts = timeouts
+        self.device = "cuda" if backend == "nccl" else (device or "cpu")
+        # Real graphs over NCCL on CUDA; gloo's CUDA collectives cannot be captured.
+        self.graphs = "cuda" if backend == "nccl" else "emulated"
+        # After a failed step an NCCL rank also waits, bounded, for its device.
+        self.timeouts = timeouts.with_device_fence() if backend == "nccl" else timeouts
         self.launches = 0
         self._proc: subprocess.Popen | None = None
-        self._socks: dict[int, socket.socket] = {}
+        self._channels: dict[int, Channel] = {}
+        self.listening_port: int | None = None  # the control port while workers connect
+        self.strangers_dropped = 0  # connections that failed the handshake, over all launches
         self._pids: dict[int, int] = {}
         self._dir: Path | None = None
 
@@ -93,17 +97,20 @@ class TorchrunWorld:
     def start(self) -> None:
         self.close()
         self._dir = Path(tempfile.mkdtemp(prefix="dbo-world-"))
-        server = socket.create_server(("127.0.0.1", 0))  # the OS picks the port
-        server.settimeout(LAUNCH_TIMEOUT_S)
-        port = server.getsockname()[1]
+        key = new_control_key()  # fresh per world; reaches the workers by environment only
+        server = ControlServer(key)
+        self.listening_port = server.port
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={self.nproc}", "--max-restarts=0",
-               "-m", "harness.world.worker", "--control", f"127.0.0.1:{port}",
+               "-m", "harness.world.worker", "--control", f"127.0.0.1:{server.port}",
                "--driver-pid", str(os.getpid()), "--trace-dir", str(self._dir),
                "--backend", self.backend, "--device", self.device,
                "--collective-timeout", str(self.timeouts.collective_s)]
         log = open(self._dir / "torchrun.log", "wb")  # noqa: SIM115 - closed with the world
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=_pythonpath())
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=_pythonpath(),
+                   **{CONTROL_KEY_ENV: key.hex()})
+        if self.launches == 0 and self.layout is not None:
+            print(self.layout.describe(), file=sys.stderr, flush=True)
         self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                       start_new_session=True)
         self.launches += 1
@@ -113,29 +120,30 @@ class TorchrunWorld:
             self.close()
             raise
         finally:
+            self.strangers_dropped += server.dropped
             server.close()
+            self.listening_port = None
 
-    def _accept(self, server: socket.socket) -> None:
+    def _accept(self, server: ControlServer) -> None:
+        """Every worker, authenticated, says hello, then that it joined the group."""
         deadline = time.monotonic() + LAUNCH_TIMEOUT_S
-        pending = []
-        while len(pending) < self.nproc:
+
+        def launcher_alive() -> None:
             if not self.alive:
                 raise WorldError(f"torchrun exited with {self._proc.returncode} before every "
                                  f"worker connected:\n{self._log_tail()}")
-            server.settimeout(max(0.1, min(1.0, deadline - time.monotonic())))
+
+        while len(self._channels) < self.nproc:
             try:
-                sock, _ = server.accept()
+                channel = server.accept(deadline, launcher_alive)
             except TimeoutError:
-                if time.monotonic() > deadline:
-                    raise WorldError(f"only {len(pending)} of {self.nproc} workers connected "
-                                     f"within {LAUNCH_TIMEOUT_S:.0f} s") from None
-                continue
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            _, rank, pid = wire.recv(sock, timeout_s=30)
-            self._socks[rank], self._pids[rank] = sock, pid
-            pending.append(rank)
-        for rank, sock in self._socks.items():
-            message = wire.recv(sock, timeout_s=max(1.0, deadline - time.monotonic()))
+                raise WorldError(f"only {len(self._channels)} of {self.nproc} workers "
+                                 f"connected within {LAUNCH_TIMEOUT_S:.0f} s") from None
+            hello = channel.recv(timeout_s=30)
+            _, rank, pid = hello
+            self._channels[rank], self._pids[rank] = channel, pid
+        for rank, channel in self._channels.items():
+            message = channel.recv(timeout_s=max(1.0, deadline - time.monotonic()))
             if message[0] != "ready":
                 raise WorldError(f"rank {rank} failed to join the process group:\n"
                                  f"{message[-1]}")
@@ -143,18 +151,20 @@ class TorchrunWorld:
     def close(self) -> list[int]:
         """Stop the world: ask, then SIGTERM torchrun, then kill what is left. Returns the
         pids that were still alive at the end (must be empty)."""
-        for sock in self._socks.values():
+        for channel in self._channels.values():
             try:
-                wire.send(sock, ("exit",))
-            except OSError:
+                channel.send(("exit",))
+            except ChannelClosed:
                 pass
         if self._proc is not None:
             _wait_or(self._proc, 2.0, signal.SIGTERM)
             _wait_or(self._proc, STOP_TIMEOUT_S, signal.SIGKILL)
         survivors = _kill_all(list(self._pids.values()))
-        for sock in self._socks.values():
-            sock.close()
-        self._socks, self._pids, self._proc = {}, {}, None
+        if self.device == "cuda":
+            survivors += pids_holding_gpu_memory(list(self._pids.values()))
+        for channel in self._channels.values():
+            channel.close()
+        self._channels, self._pids, self._proc = {}, {}, None
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
@@ -171,13 +181,16 @@ class TorchrunWorld:
                               f"but this world has {self.nproc}")
         if not self.alive:
             self.start()
-        for sock in self._socks.values():
-            wire.send(sock, ("run", scenario.to_dict(), asdict(self.timeouts)))
+        for channel in self._channels.values():
+            channel.send(("run", scenario.to_dict(), asdict(self.timeouts)))
         startup, steps, evidence = self._collect(scenario)
         failed = (any(r is None or r.error is not None for r in startup)
                   or any(step_failed(s) for s in steps))
         if evidence or failed:
-            # A timed-out or broken collective leaves the groups unusable: fresh world next.
+            # A timed-out or broken collective leaves the groups unusable: fresh world next,
+            # once every rank still alive has shown where it stands.
+            if not evidence:
+                evidence = self._rank_evidence("a rank failed; the world is rebuilt")
             survivors = self.close()
             if survivors:
                 evidence += f"\nprocesses still alive after the kill: {survivors}"
@@ -191,8 +204,8 @@ class TorchrunWorld:
         lost: dict[int, str] = {}
         deadline = {r: time.monotonic() + self.timeouts.startup_deadline_s for r in range(n)}
         selector = selectors.DefaultSelector()
-        for rank, sock in self._socks.items():
-            selector.register(sock, selectors.EVENT_READ, rank)
+        for rank, channel in self._channels.items():
+            selector.register(channel, selectors.EVENT_READ, rank)
         try:
             while len(done | set(lost)) < n:
                 waiting = [r for r in range(n) if r not in done and r not in lost]
@@ -207,8 +220,8 @@ class TorchrunWorld:
                 for key, _ in ready:
                     rank = key.data
                     try:
-                        message = wire.recv(key.fileobj, timeout_s=self.timeouts.collective_s)
-                    except (wire.ChannelClosed, TimeoutError):
+                        message = key.fileobj.recv(timeout_s=self.timeouts.collective_s)
+                    except (ChannelClosed, TimeoutError):
                         selector.unregister(key.fileobj)
                         lost[rank] = self._why_lost(rank, scenario)
                         self._send_to_all(("next", False))  # the survivors stop after it
@@ -245,10 +258,10 @@ class TorchrunWorld:
         self._send_to_all(("steps", go))
 
     def _send_to_all(self, message) -> None:
-        for sock in self._socks.values():
+        for channel in self._channels.values():
             try:
-                wire.send(sock, message)
-            except OSError:
+                channel.send(message)
+            except ChannelClosed:
                 pass  # a lost rank shows up in the collection loop
 
     def _why_lost(self, rank: int, scenario: Scenario) -> str:
@@ -271,14 +284,27 @@ class TorchrunWorld:
                 injected_fault=killed, seconds=0.0)
 
     def _hang_evidence(self, late: list[int], steps) -> str:
+        return self._rank_evidence(f"ranks {late} missed their deadline at step "
+                                   f"{max(len(steps) - 1, 0)}")
+
+    def _rank_evidence(self, headline: str) -> str:
         """Stacks of every rank (faulthandler) and the collective each was last in."""
-        for pid in self._pids.values():
+        stacks = {rank: self._dir / f"stacks-{rank}.txt" for rank in range(self.nproc)}
+        before = {rank: _size(path) for rank, path in stacks.items()}
+        asked = []
+        for rank, pid in self._pids.items():
             try:
                 os.kill(pid, signal.SIGUSR1)
+                asked.append(rank)
             except ProcessLookupError:
                 pass
-        time.sleep(0.5)
-        lines = [f"ranks {late} missed their deadline at step {max(len(steps) - 1, 0)}"]
+        # faulthandler writes from its signal handler, GIL or not; give it a moment.
+        deadline = time.monotonic() + STACKS_WAIT_S
+        while (time.monotonic() < deadline
+               and any(_size(stacks[r]) <= before[r] for r in asked)):
+            time.sleep(0.02)
+        time.sleep(0.05)  # the last lines of a dump that has begun
+        lines = [headline]
         for rank in range(self.nproc):
             trace = self._dir / f"collectives-{rank}.txt"
             tail = trace.read_text().splitlines()[-2:] if trace.exists() else []
@@ -292,6 +318,10 @@ class TorchrunWorld:
     def _log_tail(self) -> str:
         log = self._dir / "torchrun.log" if self._dir else None
         return log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
 
 
 def _up_to_first_failure(steps):

@@ -1,49 +1,74 @@
-"""The control channel between the driver and its workers: length-prefixed pickles over a
-loopback TCP socket whose port the OS picks. Both ends are this project's own processes."""
+"""The control channel between the driver and its workers: the standard library's
+authenticated connections (`multiprocessing.connection`) over loopback TCP.
+
+Each world draws a fresh secret; the driver hands it to the processes it starts through
+their environment (`CONTROL_KEY_ENV`, never a command line or a log). Both ends prove they
+hold it with an HMAC challenge before a single message is read, so nothing a stranger sends
+is ever unpickled. Messages are pickles of plain data, read with a bound.
+"""
 
 from __future__ import annotations
 
-import pickle
+import os
+import secrets
 import socket
-import struct
-import time
+from multiprocessing.connection import Client, Connection
 from typing import Any
 
-_HEADER = struct.Struct(">I")
+CONTROL_KEY_ENV = "DBO_HARNESS_CONTROL_KEY"
 
 
 class ChannelClosed(ConnectionError):
     """The other end went away."""
 
 
-def send(sock: socket.socket, message: Any) -> None:
-    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    sock.sendall(_HEADER.pack(len(payload)) + payload)
+class Channel:
+    """An authenticated connection: `send` a message, `recv` the next within a bound."""
 
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
 
-def _recv_exact(sock: socket.socket, n: int, deadline: float | None) -> bytes:
-    chunks, got = [], 0
-    while got < n:
-        if deadline is not None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError("no message before the deadline")
-            sock.settimeout(remaining)
+    def send(self, message: Any) -> None:
         try:
-            chunk = sock.recv(n - got)
-        except TimeoutError:
-            raise
-        except OSError as exc:
+            self.connection.send(message)
+        except (OSError, ValueError) as exc:
             raise ChannelClosed(str(exc)) from exc
-        if not chunk:
-            raise ChannelClosed("the other end closed the channel")
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
+
+    def recv(self, timeout_s: float | None = None) -> Any:
+        """The next message; TimeoutError past `timeout_s`, ChannelClosed when the peer is
+        gone. Only an authenticated peer can have sent it."""
+        try:
+            if timeout_s is not None and not self.connection.poll(max(0.0, timeout_s)):
+                raise TimeoutError("no message before the deadline")
+            return self.connection.recv()
+        except (EOFError, OSError, ValueError) as exc:
+            raise ChannelClosed(str(exc) or "the other end closed the channel") from exc
+
+    def fileno(self) -> int:
+        return self.connection.fileno()
+
+    def close(self) -> None:
+        self.connection.close()
 
 
-def recv(sock: socket.socket, timeout_s: float | None = None) -> Any:
-    """The next message; TimeoutError past `timeout_s`, ChannelClosed when the peer is gone."""
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    (size,) = _HEADER.unpack(_recv_exact(sock, _HEADER.size, deadline))
-    return pickle.loads(_recv_exact(sock, size, deadline))
+def new_control_key() -> bytes:
+    return secrets.token_bytes(32)
+
+
+def key_from_environment() -> bytes:
+    """The world's secret, taken out of the environment so no child process inherits it."""
+    value = os.environ.pop(CONTROL_KEY_ENV, None)
+    if not value:
+        raise RuntimeError(f"{CONTROL_KEY_ENV} is not set: a worker is started by its driver")
+    return bytes.fromhex(value)
+
+
+def connect(host: str, port: int, key: bytes) -> Channel:
+    """A worker's side: connect, then answer the driver's challenge and challenge it back."""
+    connection = Client((host, port), family="AF_INET", authkey=key)
+    sock = socket.socket(fileno=os.dup(connection.fileno()))
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    finally:
+        sock.close()
+    return Channel(connection)

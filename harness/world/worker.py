@@ -14,7 +14,6 @@ import argparse
 import faulthandler
 import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -28,6 +27,7 @@ from harness.scenario import FaultKind, scenario_from_dict
 from harness.sut.rank_runtime import RankRuntime
 from harness.world import wire
 from harness.world.collector import collector_paused
+from harness.world.gpus import GpuLayout, shared_gpu_environment
 from harness.world.results import Timeouts
 
 WATCHDOG_PERIOD_S = 0.5
@@ -53,7 +53,7 @@ def _watch_parents(driver_pid: int) -> None:
         time.sleep(WATCHDOG_PERIOD_S)
 
 
-def _wait_for_every_rank(world_size: int) -> None:
+def wait_for_every_rank(world_size: int) -> None:
     """Every rank arrives before any connects: gloo waits for its peers' addresses only as
     long as the collective timeout, which the fuzzer sets to a second, while workers finish
     importing torch seconds apart on a loaded machine."""
@@ -68,36 +68,48 @@ def _wait_for_every_rank(world_size: int) -> None:
         time.sleep(0.01)
 
 
-def _join_group(backend: str, device_type: str, timeout_s: float) -> str:
+def join_group(backend: str, device_type: str, timeout_s: float) -> str:
     """Join the world's group; the device this rank's tensors live on.
 
-    With nccl each rank owns GPU LOCAL_RANK: the DP sync's CPU matrix goes over gloo and the
-    expert all-to-alls (captured into real CUDA graphs) over NCCL, on one group. With gloo
-    on CUDA the ranks share the visible GPUs round-robin (one GPU serves them all).
+    With nccl the DP sync's CPU matrix goes over gloo and the expert all-to-alls (captured
+    into real CUDA graphs) over NCCL, on one group. Each rank owns GPU LOCAL_RANK when there
+    are enough GPUs; otherwise the ranks share them round-robin, each with its own NCCL host
+    identity (harness/world/gpus.py). With gloo on CUDA the ranks share the visible GPUs
+    round-robin too (gloo needs no identity).
     """
+    import torch
+
     timeout = timedelta(seconds=timeout_s)
+    local_rank = int(os.environ["LOCAL_RANK"])
     if backend != "nccl":
         dist.init_process_group(backend, timeout=timeout)
         if device_type == "cpu":
             return "cpu"
-        import torch
-
-        index = int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count()
+        index = local_rank % torch.cuda.device_count()
         torch.cuda.set_device(index)
         return f"cuda:{index}"
-    import torch
-
-    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    layout = GpuLayout(int(os.environ["LOCAL_WORLD_SIZE"]), torch.cuda.device_count())
+    if layout.shared:
+        # Read by NCCL when the communicator starts; the identity must differ per rank.
+        os.environ.update(shared_gpu_environment(int(os.environ["RANK"]),
+                                                 os.environ.get("NCCL_SOCKET_IFNAME")))
+    device = torch.device("cuda", layout.gpu_of(local_rank))
     torch.cuda.set_device(device)
     dist.init_process_group("cpu:gloo,cuda:nccl", timeout=timeout, device_id=device)
+    # NCCL connects a pair of ranks at their first exchange, and the call that issues it
+    # blocks until the peer makes it too: connect every pair now, while every rank is here,
+    # not in a step a peer may skip (measured: an unbounded hang in the issuing thread).
+    size = dist.get_world_size()
+    dist.all_to_all_single(torch.empty(size, device=device), torch.zeros(size, device=device))
+    torch.cuda.synchronize(device)
     return str(device)
 
 
 class Worker:
-    def __init__(self, rank: int, sock: socket.socket, group, trace_dir: Path,
+    def __init__(self, rank: int, channel: wire.Channel, group, trace_dir: Path,
                  device: str = "cpu", emulated_graphs: bool = False) -> None:
         self.rank = rank
-        self.sock = sock
+        self.channel = channel
         self.group = group
         self.trace_dir = trace_dir
         self.device = device
@@ -107,7 +119,7 @@ class Worker:
     def serve(self) -> None:
         while True:
             try:
-                message = wire.recv(self.sock)
+                message = self.channel.recv()
             except wire.ChannelClosed:
                 return
             if message[0] == "exit":
@@ -132,9 +144,9 @@ class Worker:
         scenario = scenario_from_dict(scenario_data)
         runtime, startup = self._runtime(scenario.config, timeouts)
         runtime.reset_state()
-        wire.send(self.sock, ("startup", startup))
+        self.channel.send(("startup", startup))
         # The driver says whether every rank's capture went well enough to run the steps.
-        go = wire.recv(self.sock)
+        go = self.channel.recv()
         if go == ("steps", True):
             requests = scenario.requests()
             for i, ranks in enumerate(scenario.steps):
@@ -142,12 +154,12 @@ class Worker:
                 if any(f.kind is FaultKind.KILL_RANK for f in faults):
                     os.kill(os.getpid(), signal.SIGKILL)
                 record = runtime.step(i, requests[i][self.rank], ranks[self.rank], faults)
-                wire.send(self.sock, ("step", i, record))
+                self.channel.send(("step", i, record))
                 # Every rank stops after a step in which any rank failed, as in the sim
                 # world: a rank that went on alone would wait in the next sync for nobody.
-                if wire.recv(self.sock) != ("next", True):
+                if self.channel.recv() != ("next", True):
                     break
-        wire.send(self.sock, ("done",))
+        self.channel.send(("done",))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,26 +180,25 @@ def main(argv: list[str] | None = None) -> int:
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
 
     host, port = args.control.rsplit(":", 1)
-    sock = socket.create_connection((host, int(port)), timeout=60)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    wire.send(sock, ("hello", rank, os.getpid()))
+    channel = wire.connect(host, int(port), wire.key_from_environment())
+    channel.send(("hello", rank, os.getpid()))
     try:
-        _wait_for_every_rank(int(os.environ["WORLD_SIZE"]))
-        device = _join_group(args.backend, args.device, args.collective_timeout)
+        wait_for_every_rank(int(os.environ["WORLD_SIZE"]))
+        device = join_group(args.backend, args.device, args.collective_timeout)
         group = dist.group.WORLD
-        wire.send(sock, ("ready", rank))
+        channel.send(("ready", rank))
         # Gloo's collectives on CUDA tensors sync with the host, so they cannot be captured
         # into a real graph: that world emulates its graphs over the CUDA tensors.
-        Worker(rank, sock, group, trace_dir, device,
+        Worker(rank, channel, group, trace_dir, device,
                emulated_graphs=args.backend != "nccl").serve()
     except Exception:  # noqa: BLE001 - the driver reports it with the rank
         try:
-            wire.send(sock, ("crash", rank, traceback.format_exc()))
-        except OSError:
+            channel.send(("crash", rank, traceback.format_exc()))
+        except wire.ChannelClosed:
             pass
         return 1
     finally:
-        sock.close()
+        channel.close()
     # A clean exit without destroying the group: peers may already be gone.
     os._exit(0)
 

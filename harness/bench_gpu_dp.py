@@ -1,0 +1,157 @@
+"""The DP table of `make bench-gpu`: a torchrun world of N ranks over NCCL, per rank, per
+decode size, the eager microbatched step against the microbatched FULL replay with the real
+NCCL all-to-alls inside; the DP sync's cost; the time to start the world and capture.
+
+    python -m harness.bench_gpu_dp [--nproc 2] [--sizes 8,32,128,512] [--iters 30]
+
+The driver launches `torchrun` on this module with `--rank`; every rank joins the group as
+the torchrun world's workers do (round-robin on the GPUs, sharing them when there are fewer
+GPUs than ranks), captures its graphs, times its steps in lockstep with its peers (every
+step is a collective, so each rank's time includes waiting for the slowest), and writes a
+JSON file the driver prints as one table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+RUN_TIMEOUT_S = 540
+
+
+@dataclass(frozen=True)
+class RankTimes:
+    rank: int
+    device: str
+    start_s: float  # launch to the group being ready (torchrun, import torch, CUDA, NCCL)
+    capture_s: float  # every FULL graph of the config captured (warmups included)
+    graphs: int
+    sync_ms: float  # the DP sync: one gloo all-reduce of the matrix plus the decision
+    sizes: tuple[tuple[int, float, float], ...]  # (tokens, eager ub ms, FULL ub replay ms)
+
+
+def _rank_main(args: argparse.Namespace) -> int:
+    import torch.distributed as dist
+
+    from harness.bench_gpu import timed
+    from harness.config import HarnessConfig
+    from harness.scenario import RankStep, Scenario
+    from harness.sut import systems
+    from harness.sut.rank_runtime import RankRuntime
+    from harness.world.worker import join_group, wait_for_every_rank
+
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    wait_for_every_rank(world_size)
+    device = join_group("nccl", "cuda", 120.0)
+    group = dist.group.WORLD
+    ready = time.time()
+    sizes = tuple(int(s) for s in args.sizes.split(","))
+    config = HarnessConfig(dp_size=world_size, capture_sizes=sizes, max_num_reqs=max(sizes),
+                           max_num_batched_tokens=max(sizes), decode_threshold=min(sizes),
+                           prefill_threshold=max(sizes))
+    runtime = RankRuntime(config, rank, group, device=device, collective_timeout_s=60.0,
+                          hang_timeout_s=90.0)
+    startup = runtime.startup()
+    if startup.error is not None:
+        raise RuntimeError(f"rank {rank} capture failed: {startup.error.describe()}")
+    captured = time.time()
+    manager, runner = runtime.manager, runtime.runner
+    rows = []
+    for n in sizes:
+        lens = (1,) * n
+        batch = RankStep(lens).batch()
+        requests = Scenario(config, ((RankStep(lens),) * world_size,)).requests()[0][rank]
+        twin = next(d for d in manager.captured if d.num_tokens == n and d.microbatched)
+        graph = manager.captured[twin]
+        graph.buffers.fill(requests)
+        eager_buffers = runtime._eager_buffers(n, n, requests)
+
+        def replay(graph=graph, lens=lens) -> None:
+            runner.prepare(graph.buffers, lens)
+            graph.graph.replay()
+
+        eager = timed(lambda twin=twin, b=eager_buffers, lens=lens: manager.run_eager(
+            twin, b, lens), runtime.device, args.warmup, args.iters)
+        full = timed(replay, runtime.device, args.warmup, args.iters)
+        rows.append((n, eager, full))
+    sync = timed(lambda: systems.decide(group, config, rank, batch, 60.0),
+                 runtime.device, args.warmup, args.iters)
+    times = RankTimes(rank, device, ready - args.launched, captured - ready,
+                      len(manager.captured), sync, tuple(rows))
+    Path(args.out, f"rank-{rank}.json").write_text(json.dumps(asdict(times)))
+    os._exit(0)  # no destroy_process_group: it hangs with ranks sharing a GPU
+
+
+def run_dp_bench(nproc: int, sizes: str, warmup: int, iters: int) -> list[RankTimes]:
+    """Launch the ranks, wait for them (bounded), and read back every rank's times."""
+    root = str(Path(__file__).resolve().parents[1])
+    with tempfile.TemporaryDirectory(prefix="dbo-bench-dp-") as out:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={nproc}", "--max-restarts=0", "-m", "harness.bench_gpu_dp",
+               "--rank", "--out", out, "--sizes", sizes, "--warmup", str(warmup),
+               "--iters", str(iters), "--launched", repr(time.time())]
+        env = dict(os.environ, OMP_NUM_THREADS="1",
+                   PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                              timeout=RUN_TIMEOUT_S, start_new_session=True)
+        files = sorted(Path(out).glob("rank-*.json"))
+        if done.returncode != 0 or len(files) != nproc:
+            raise RuntimeError(f"the DP bench failed (exit {done.returncode}):\n"
+                               f"{(done.stdout + done.stderr)[-3000:]}")
+        return [RankTimes(**{**json.loads(f.read_text()), "sizes": tuple(
+            tuple(r) for r in json.loads(f.read_text())["sizes"])}) for f in files]
+
+
+def print_dp_table(ranks: list[RankTimes], layout: str, iters: int, file=sys.stdout) -> None:
+    print(f"DP={len(ranks)} world, {layout}; median of {iters} steps, ms, per rank",
+          file=file)
+    print(f"{'tokens':>6}  " + "  ".join(
+        f"{'r' + str(r.rank) + ' eager ub':>11}  {'r' + str(r.rank) + ' FULL ub':>10}  "
+        f"{'speedup':>7}" for r in ranks), file=file)
+    for i, (n, *_rest) in enumerate(ranks[0].sizes):
+        cells = []
+        for r in ranks:
+            _, eager, full = r.sizes[i]
+            cells.append(f"{eager:>11.3f}  {full:>10.3f}  {eager / full:>6.1f}x")
+        print(f"{n:>6}  " + "  ".join(cells), file=file)
+    for r in ranks:
+        print(f"rank {r.rank} on {r.device}: DP sync {r.sync_ms:.3f} ms; world start "
+              f"{r.start_s:.1f} s; capture of {r.graphs} graphs {r.capture_s:.1f} s", file=file)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.bench_gpu_dp", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--sizes", default="8,32,128,512")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--launched", type=float, default=0.0, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.rank:
+        return _rank_main(args)
+    from harness.errors import ConfigError
+    from harness.world.torchrun import check_backend
+
+    try:
+        layout = check_backend("nccl", args.nproc)
+        [int(s) for s in args.sizes.split(",")]
+    except (ConfigError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print_dp_table(run_dp_bench(args.nproc, args.sizes, args.warmup, args.iters),
+                   layout.describe(), args.iters)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
