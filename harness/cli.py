@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from collections.abc import Sequence
@@ -18,6 +19,7 @@ from harness.cli_config import (
     int_list,
     timeouts_from_args,
 )
+from harness.config import HarnessConfig, check_seconds
 from harness.errors import ConfigError
 from harness.fuzz.command import add_fuzz_command
 from harness.gen.exhaustive import explore
@@ -95,6 +97,7 @@ def _plan_table(plans: Sequence[StepPlan]) -> str:
 
 
 def cmd_decide(args: argparse.Namespace) -> int:
+    check_seconds("timeout", args.timeout)
     batches = batches_from_args(args)
     config = config_from_args(args, dp_size=len(batches))
     validate_batches(config, batches)
@@ -160,10 +163,46 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK if result.ok else EXIT_FOUND
 
 
+DEFAULT_MAX_TOKENS = 512
+# Beyond this an enumeration takes the better part of a day (20k-40k rank decisions a second).
+MAX_RANK_DECISIONS = 10**9
+
+
+def _rank_decisions(config: HarnessConfig, max_tokens: int) -> int:
+    """How many rank decisions `explore` makes: one per rank of every visited vector."""
+    counts, dp = max_tokens + 1, config.dp_size
+    vectors = counts**dp if config.threshold_offset_rank is not None else math.comb(
+        counts + dp - 1, dp)
+    return vectors * dp
+
+
+def _max_tokens(config: HarnessConfig, max_tokens: int | None) -> int:
+    """The token bound to enumerate up to; one too large to finish is bad input."""
+    largest = min(config.max_num_reqs, config.max_num_batched_tokens)
+    if max_tokens is None:
+        max_tokens = min(DEFAULT_MAX_TOKENS, largest)
+    if _rank_decisions(config, 1) > MAX_RANK_DECISIONS:
+        raise ConfigError("nproc", f"{config.dp_size} ranks make more than "
+                          f"{MAX_RANK_DECISIONS:.0e} rank decisions even up to 1 token")
+    tokens = max_tokens
+    if not 1 <= tokens <= largest or _rank_decisions(config, tokens) <= MAX_RANK_DECISIONS:
+        return max_tokens  # `explore` refuses a bound outside what a batch may hold
+    low, high = 1, tokens  # the largest count that fits, by bisection
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if _rank_decisions(config, mid) <= MAX_RANK_DECISIONS \
+            else (low, mid - 1)
+    raise ConfigError("max_tokens", f"{tokens} on {config.dp_size} ranks makes "
+                      f"{_rank_decisions(config, tokens):,} rank decisions; at most {low} "
+                      f"keeps within the {MAX_RANK_DECISIONS:.0e} (most of a day) the "
+                      "enumeration is bounded by")
+
+
 def cmd_exhaustive(args: argparse.Namespace) -> int:
     config = config_from_args(args, dp_size=args.nproc)
+    max_tokens = _max_tokens(config, args.max_tokens)
     start = time.perf_counter()
-    result = explore(config, args.max_tokens)
+    result = explore(config, max_tokens)
     seconds = time.perf_counter() - start
     found = [{"checker": c.checker, "tokens": list(c.tokens), "detail": c.detail}
              for c in result.counterexamples]
@@ -215,8 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
     exhaustive = sub.add_parser("exhaustive", help="every uniform-decode token vector of a "
                                 "small world through the decision layer and structural checkers")
     exhaustive.add_argument("--nproc", type=int, default=2, metavar="N", help="DP size")
-    exhaustive.add_argument("--max-tokens", type=int, default=512, metavar="N",
-                            help="largest token count per rank")
+    exhaustive.add_argument("--max-tokens", type=int, metavar="N",
+                            help=f"largest token count per rank (default {DEFAULT_MAX_TOKENS}, "
+                            "or fewer when max_num_reqs or max_num_batched_tokens allow fewer)")
     exhaustive.add_argument("--json", action="store_true", help="print one JSON object")
     add_config_flags(exhaustive)
     exhaustive.set_defaults(func=cmd_exhaustive)

@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 from typing import Any
 
-from harness.config import HarnessConfig, config_kwargs, load_config_file, ubatching_fields
+from harness.config import (
+    HarnessConfig,
+    check_seconds,
+    config_kwargs,
+    load_config_file,
+    ubatching_fields,
+)
 from harness.errors import ConfigError
 from harness.world.results import Timeouts
 
@@ -13,8 +21,11 @@ from harness.world.results import Timeouts
 def int_list(field: str, text: str | None) -> list[int] | None:
     if text is None:
         return None
+    if not text.strip():
+        return []
     try:
-        return [int(part) for part in text.split(",") if part.strip() != ""]
+        # Every entry counts: "1,,2" is a typo, not the list [1, 2].
+        return [int(part) for part in text.split(",")]
     except ValueError:
         raise ConfigError(field, f"{text!r} is not a comma-separated list of integers") from None
 
@@ -45,12 +56,21 @@ def config_from_args(args: argparse.Namespace, dp_size: int | None = None) -> Ha
     fields = config_fields_from_args(args)
     if dp_size is not None:
         fields.setdefault("dp_size", dp_size)
-    return HarnessConfig(**fields)
+    config = HarnessConfig(**fields)
+    # The offset is a fault on one rank: either flag alone would be silently inert.
+    if args.threshold_offset not in (None, 0) and config.threshold_offset_rank is None:
+        raise ConfigError("threshold_offset", "needs --threshold-offset-rank R, the rank it "
+                          "shifts")
+    if args.threshold_offset_rank is not None and config.threshold_offset == 0:
+        raise ConfigError("threshold_offset_rank", "shifts nothing without a non-zero "
+                          "--threshold-offset N")
+    return config
 
 
 def config_fields_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """Only the config fields the user gave (file, then flags), unvalidated."""
-    fields: dict[str, Any] = config_kwargs(load_config_file(args.config)) if args.config else {}
+    fields: dict[str, Any] = (config_kwargs(load_config_file(args.config))
+                              if args.config is not None else {})
     flag_fields = {
         "decode_threshold": args.decode_threshold,
         "prefill_threshold": args.prefill_threshold,
@@ -66,6 +86,8 @@ def config_fields_from_args(args: argparse.Namespace) -> dict[str, Any]:
     }
     fields.update({k: v for k, v in flag_fields.items() if v is not None})
     if args.num_ubatches is not None:
+        if args.no_ubatching:
+            raise ConfigError("num_ubatches", "contradicts --no-ubatching; give one of them")
         fields.update(ubatching_fields(args.num_ubatches))
     if args.no_ubatching:
         fields.update(enable_dbo=False, ubatch_size=0)
@@ -84,5 +106,41 @@ def add_timeout_flags(parser: argparse.ArgumentParser, defaults: Timeouts) -> No
 
 
 def timeouts_from_args(args: argparse.Namespace) -> Timeouts:
-    return Timeouts(collective_s=args.collective_timeout, hang_s=args.hang_timeout,
-                    step_deadline_s=args.deadline)
+    return Timeouts(collective_s=check_seconds("collective_timeout", args.collective_timeout),
+                    hang_s=check_seconds("hang_timeout", args.hang_timeout),
+                    step_deadline_s=check_seconds("deadline", args.deadline))
+
+
+def _creatable(field: str, path: Path, directory: Path) -> None:
+    """`directory` (where `path` goes) can be made: its nearest existing ancestor is a
+    writable directory."""
+    try:
+        base = next(p for p in (directory, *directory.parents) if p.exists())
+    except OSError as exc:  # e.g. a parent that may not be searched
+        raise ConfigError(field, f"{path}: {exc.strerror}") from None
+    if not base.is_dir():
+        where = "" if base == path else f"{path}: "
+        raise ConfigError(field, f"{where}{base} is a file, not a directory")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise ConfigError(field, f"{path}: {base} is not writable")
+
+
+def output_dir(field: str, text: str) -> Path:
+    """A directory the command will write into (made if missing); checked before any work."""
+    if not text.strip():
+        raise ConfigError(field, "is an empty path; give a directory")
+    path = Path(text)
+    _creatable(field, path, path)
+    return path
+
+
+def output_file(field: str, text: str) -> Path:
+    """A file the command will append to (its directory made if missing)."""
+    path = Path(text)  # "" is the current directory, refused below
+    if path.is_dir():
+        raise ConfigError(field, f"{path} is a directory, not a file")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ConfigError(field, f"{path} is not writable")
+    if not path.exists():
+        _creatable(field, path, path.parent)
+    return path

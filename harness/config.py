@@ -7,6 +7,8 @@ has a counterpart there (dbo-reference section 1); the variant switches select k
 from __future__ import annotations
 
 import enum
+import math
+import threading
 from dataclasses import dataclass, fields, replace
 from functools import cached_property
 from pathlib import Path
@@ -75,6 +77,31 @@ class DecisionSystem(enum.Enum):
 
     HARNESS = "harness"  # the harness's miniature, with its variant switches
     VLLM = "vllm"  # the installed vLLM's own functions (harness/vllm_sut)
+
+
+# The DP sync all-reduces token and request counts as int32, as vLLM does.
+INT32_MAX = 2**31 - 1
+# Thread waits and sleeps overflow past threading.TIMEOUT_MAX (about 292 years), and a world
+# waits up to 4x a step deadline: no one bound may exceed an eighth of it.
+MAX_WAIT_S = threading.TIMEOUT_MAX / 8
+
+
+def check_seconds(field: str, value: Any, *, zero_ok: bool = False,
+                  limit: float | None = MAX_WAIT_S) -> float:
+    """A duration in seconds: a finite number, positive (or zero), at most `limit`."""
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+        raise ConfigError(field, f"must be a finite number of seconds, got {value!r}")
+    if value < 0 or (value == 0 and not zero_ok):
+        kind = "non-negative" if zero_ok else "positive"
+        raise ConfigError(field, f"must be {kind}, got {value!r}")
+    if limit is not None and value > limit:
+        raise ConfigError(field, f"is {value!r}; at most {limit:.0f} s: thread waits overflow "
+                          "past threading.TIMEOUT_MAX and a world waits up to 4x a deadline")
+    return float(value)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 # Switches of the harness's miniature; the vllm system brings its own behaviour.
@@ -162,6 +189,9 @@ class HarnessConfig:
                            _parse_enum(CaptureOn, self.capture_on, "capture_on"))
         object.__setattr__(self, "sut", _parse_enum(DecisionSystem, self.sut, "sut"))
         if self.capture_sizes is not None:
+            if not isinstance(self.capture_sizes, list | tuple):
+                raise ConfigError("capture_sizes", "must be a list of positive integers, got "
+                                  f"{self.capture_sizes!r}")
             object.__setattr__(self, "capture_sizes", tuple(self.capture_sizes))
         self._validate()
 
@@ -218,6 +248,7 @@ class HarnessConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(name, f"must be a non-negative integer, got {value!r}")
+        self._validate_types()
         if self.decode_query_len != 1:
             raise ConfigError("decode_query_len",
                               "must be 1: speculative decoding is unsupported with microbatching")
@@ -242,6 +273,29 @@ class HarnessConfig:
                 0 <= self.threshold_offset_rank < self.dp_size):
             raise ConfigError("threshold_offset_rank", f"rank {self.threshold_offset_rank} "
                               f"is outside dp_size={self.dp_size}")
+
+    def _validate_types(self) -> None:
+        """Types and ranges a file could get wrong with nothing later noticing (or only a
+        crash in a rank)."""
+        for name in ("enable_dbo", "single_rank_gpu_world"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(name, f"must be true or false, got {getattr(self, name)!r}")
+        for name in ("max_num_reqs", "max_num_batched_tokens"):
+            if getattr(self, name) > INT32_MAX:
+                raise ConfigError(name, f"is {getattr(self, name)}, above {INT32_MAX}: the DP "
+                                  "sync all-reduces counts as int32")
+        # torch takes seeds from -2**63 to 2**64 - 1, and the model seeds rank r with
+        # seed * 1009 + r + 1.
+        if not _is_int(self.seed) or not (
+                -(2**63) <= self.seed * 1009 and self.seed * 1009 + self.dp_size < 2**64):
+            raise ConfigError("seed", f"must be an integer whose seed * 1009 + rank + 1 fits "
+                              f"torch's 64-bit seed, got {self.seed!r}")
+        if not _is_int(self.threshold_offset):
+            raise ConfigError("threshold_offset",
+                              f"must be an integer, got {self.threshold_offset!r}")
+        if self.threshold_offset_rank is not None and not _is_int(self.threshold_offset_rank):
+            raise ConfigError("threshold_offset_rank",
+                              f"must be an integer rank, got {self.threshold_offset_rank!r}")
 
     def _validate_capture_sizes(self) -> None:
         if self.capture_sizes is None:
@@ -327,6 +381,10 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     """Read a JSON or TOML file of config fields (by extension; JSON otherwise)."""
     data = read_data_file(path, "config")
     if isinstance(data, dict) and isinstance(data.get("config"), dict):
+        # A scenario file: its config is used; a config field beside it would be ignored.
+        beside = set(data) - {"name", "description", "config", "steps", "faults", "expect"}
+        if beside:
+            raise ConfigError(sorted(beside)[0], f"sits beside `config` in {path}; put it in it")
         data = data["config"]
     if not isinstance(data, dict):
         raise ConfigError("config", f"{path} must hold a table/object of fields")

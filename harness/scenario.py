@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import enum
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 from harness.batch import RankBatch, validate_batches
-from harness.config import HarnessConfig, config_kwargs
+from harness.config import HarnessConfig, check_seconds, config_kwargs
 from harness.data_file import read_data_file
 from harness.errors import ConfigError
 from harness.model.moe import DEFAULT_VOCAB, RequestSpec
@@ -184,7 +184,11 @@ def _int(value: Any, where: str) -> int:
     return value
 
 
-def _rank_from_dict(data: Any, where: str) -> RankStep:
+# A rank as parsed: its decode token count, or its query lengths; and allow_ubatching.
+_RankSpec = tuple[int | tuple[int, ...], bool]
+
+
+def _rank_from_dict(data: Any, where: str) -> _RankSpec:
     if isinstance(data, int) and not isinstance(data, bool):
         data = {"tokens": data}
     if not isinstance(data, dict):
@@ -198,23 +202,33 @@ def _rank_from_dict(data: Any, where: str) -> RankStep:
         n = _int(data["tokens"], f"{where}.tokens")
         if n < 0:
             raise ConfigError(f"{where}.tokens", f"is negative ({n})")
-        lens: tuple[int, ...] = (1,) * n
+        spec: int | tuple[int, ...] = n
     else:
         raw = data["query_lens"]
         if not isinstance(raw, list):
             raise ConfigError(f"{where}.query_lens", "must be a list of integers")
-        lens = tuple(_int(q, f"{where}.query_lens") for q in raw)
-        if any(q < 1 for q in lens):
+        spec = tuple(_int(q, f"{where}.query_lens") for q in raw)
+        if any(q < 1 for q in spec):
             raise ConfigError(f"{where}.query_lens", "holds a request with no tokens")
     allow = data.get("allow_ubatching", True)
     if not isinstance(allow, bool):
         raise ConfigError(f"{where}.allow_ubatching", f"must be true or false, got {allow!r}")
-    return RankStep(lens, allow)
+    return spec, allow
+
+
+def _summary(spec: int | tuple[int, ...], allow: bool) -> RankBatch:
+    """The batch a parsed rank gives, without expanding a `tokens` count into requests."""
+    if isinstance(spec, int):
+        return RankBatch.uniform(spec, 1, allow_ubatching=allow)
+    return RankBatch.from_query_lens(spec, allow)
 
 
 def _fault_from_dict(data: Any, where: str, config: HarnessConfig, num_steps: int) -> Fault:
     if not isinstance(data, dict):
         raise ConfigError(where, "must be an object")
+    unknown = set(data) - {"kind", "rank", "step", "ubatch", "seconds"}
+    if unknown:
+        raise ConfigError(f"{where}.{sorted(unknown)[0]}", "is not a fault field")
     try:
         kind = FaultKind(data.get("kind"))
     except ValueError:
@@ -224,9 +238,10 @@ def _fault_from_dict(data: Any, where: str, config: HarnessConfig, num_steps: in
     rank = _int(data.get("rank", 0), f"{where}.rank")
     step = _int(data.get("step", 0), f"{where}.step")
     ubatch = _int(data.get("ubatch", 0), f"{where}.ubatch")
-    seconds = data.get("seconds", 0.0)
-    if not isinstance(seconds, int | float) or isinstance(seconds, bool) or seconds < 0:
-        raise ConfigError(f"{where}.seconds", f"must be a non-negative number, got {seconds!r}")
+    seconds = check_seconds(f"{where}.seconds", data.get("seconds", 0.0), zero_ok=True)
+    if seconds and kind is not FaultKind.SLOW_RANK:
+        raise ConfigError(f"{where}.seconds", f"only a slow_rank fault sleeps; {kind.value} "
+                          "would ignore it")
     if not 0 <= rank < config.dp_size:
         raise ConfigError(f"{where}.rank", f"{rank} is outside dp_size={config.dp_size}")
     if not 0 <= step < num_steps:
@@ -238,6 +253,17 @@ def _fault_from_dict(data: Any, where: str, config: HarnessConfig, num_steps: in
 
 
 GRAPH_BACKENDS = ("emulated", "cuda")
+# Every verdict name harness/check/checkers.py gives; `expect` may name only these.
+CHECKERS = ("startup", "capture_hygiene", "graphs_capture_work", "capture_symmetry",
+            "graphs_reachable", "liveness", "errors", "agreement", "collective_fingerprints",
+            "captured_split", "no_empty_region", "matches_reference", "routing_provenance",
+            "thread_hygiene", "differential")
+
+
+def _checker(value: Any, where: str) -> str:
+    if not isinstance(value, str) or value not in CHECKERS:
+        raise ConfigError(where, f"names no checker: {value!r} (one of {', '.join(CHECKERS)})")
+    return value
 
 
 def _caught_by_on(data: Any) -> tuple[tuple[str, str], ...]:
@@ -247,8 +273,7 @@ def _caught_by_on(data: Any) -> tuple[tuple[str, str], ...]:
         if backend not in GRAPH_BACKENDS:
             raise ConfigError(f"expect.caught_by_on.{backend}", "is not a graph backend (one "
                               f"of {', '.join(GRAPH_BACKENDS)})")
-        if not isinstance(checker, str):
-            raise ConfigError(f"expect.caught_by_on.{backend}", "must name a checker")
+        _checker(checker, f"expect.caught_by_on.{backend}")
     return tuple(sorted(data.items()))
 
 
@@ -258,27 +283,36 @@ def scenario_from_dict(data: Any) -> Scenario:
     unknown = set(data) - {"name", "description", "config", "steps", "faults", "expect"}
     if unknown:
         raise ConfigError(sorted(unknown)[0], "is not a scenario field")
+    for key in ("name", "description"):
+        if not isinstance(data.get(key, ""), str):
+            raise ConfigError(key, f"must be a string, got {data[key]!r}")
     raw_steps = data.get("steps")
     if not isinstance(raw_steps, list) or not raw_steps:
         raise ConfigError("steps", "must be a non-empty list")
-    steps = []
+    parsed = []
     for i, raw in enumerate(raw_steps):
+        if isinstance(raw, dict) and set(raw) - {"ranks"}:
+            raise ConfigError(f"steps[{i}].{sorted(set(raw) - {'ranks'})[0]}",
+                              "is not a step field")
         ranks = raw.get("ranks") if isinstance(raw, dict) else raw
         if not isinstance(ranks, list) or not ranks:
             raise ConfigError(f"steps[{i}].ranks", "must be a non-empty list, one per rank")
-        steps.append(tuple(_rank_from_dict(r, f"steps[{i}].ranks[{j}]")
-                           for j, r in enumerate(ranks)))
-    widths = {len(s) for s in steps}
+        parsed.append([_rank_from_dict(r, f"steps[{i}].ranks[{j}]")
+                       for j, r in enumerate(ranks)])
+    widths = {len(ranks) for ranks in parsed}
     if len(widths) != 1:
         raise ConfigError("steps", "every step needs the same number of ranks")
     kwargs = config_kwargs(data.get("config", {}))
     kwargs.setdefault("dp_size", widths.pop())
     config = HarnessConfig(**kwargs)
-    for i, ranks in enumerate(steps):
+    for i, ranks in enumerate(parsed):
         try:
-            validate_batches(config, [r.batch() for r in ranks])
+            # On summaries: `{"tokens": 10**12}` is refused before it is expanded.
+            validate_batches(config, [_summary(*r) for r in ranks])
         except ConfigError as exc:
             raise ConfigError(f"steps[{i}].{exc.field}", exc.message) from None
+    steps = [tuple(RankStep((1,) * spec if isinstance(spec, int) else spec, allow)
+                   for spec, allow in ranks) for ranks in parsed]
     raw_faults = data.get("faults", [])
     if not isinstance(raw_faults, list):
         raise ConfigError("faults", "must be a list")
@@ -287,11 +321,21 @@ def scenario_from_dict(data: Any) -> Scenario:
     expect = data.get("expect", {})
     if not isinstance(expect, dict):
         raise ConfigError("expect", "must be an object")
+    unknown = set(expect) - {"caught_by", "caught_by_on", "reference"}
+    if unknown:
+        raise ConfigError(f"expect.{sorted(unknown)[0]}", "is not an expect field")
+    caught_by = expect.get("caught_by")
+    if caught_by is not None:
+        _checker(caught_by, "expect.caught_by")
     reference = expect.get("reference", {})
     if not isinstance(reference, dict):
         raise ConfigError("expect.reference", "must be an object of config fields")
-    scenario = Scenario(config, tuple(steps), faults, str(data.get("name", "scenario")),
-                        str(data.get("description", "")), expect.get("caught_by"),
+    known = {f.name for f in fields(HarnessConfig) if f.init}
+    for key in reference:
+        if key not in known:
+            raise ConfigError(f"expect.reference.{key}", "is not a config field")
+    scenario = Scenario(config, tuple(steps), faults, data.get("name", "scenario"),
+                        data.get("description", ""), caught_by,
                         _caught_by_on(expect.get("caught_by_on", {})),
                         tuple(sorted(reference.items())))
     if reference:

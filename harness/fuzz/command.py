@@ -16,9 +16,11 @@ from harness.cli_config import (
     add_config_flags,
     add_timeout_flags,
     config_fields_from_args,
+    output_dir,
+    output_file,
     timeouts_from_args,
 )
-from harness.config import HarnessConfig
+from harness.config import HarnessConfig, check_seconds, ubatching_fields
 from harness.errors import ConfigError
 from harness.fuzz.engine import FUZZ_TIMEOUTS, SIM_DP_SIZES, Budget, FuzzOutcome, fuzz
 from harness.fuzz.profiles import PROFILES, profile_from_environment
@@ -92,20 +94,71 @@ def chosen_variants(args: argparse.Namespace) -> list[Variant]:
     return [SUT_VARIANTS[args.sut]]
 
 
-def pinned_fields(args: argparse.Namespace) -> dict[str, Any]:
-    """The config fields the flags fix; validated alone so a bad one is reported up front."""
+def pinned_fields(args: argparse.Namespace, variants: list[Variant]) -> dict[str, Any]:
+    """The config fields the flags fix; validated alone, then with each variant's planted
+    bug, so a bad one is reported up front."""
     fields = config_fields_from_args(args)
     if args.nproc is not None:
         fields["dp_size"] = args.nproc
     HarnessConfig(**fields)
+    for variant in variants:
+        _check_pins(variant, fields)
     return fields
 
 
+def _plain(value: Any) -> Any:
+    return getattr(value, "value", value)
+
+
+def _check_pins(variant: Variant, fields: dict[str, Any]) -> None:
+    """The pins must keep the variant's bug and leave some legal config to draw; otherwise
+    the search would report on another system, or find no scenario and exit 0."""
+    for name, value in variant.changes:
+        if name in fields and _plain(fields[name]) != value:
+            raise ConfigError(name, f"{fields[name]!r} replaces {value!r}, the bug --variant "
+                              f"{variant.name} plants")
+    for name, value in variant.undo:
+        if name in fields and _plain(fields[name]) == value:
+            raise ConfigError(name, f"{value!r} takes out the bug --variant {variant.name} "
+                              "plants")
+    merged = {**fields, **dict(variant.changes)}
+    if "enable_dbo" in fields or "ubatch_size" in fields:
+        HarnessConfig(**merged)
+        return
+    first: ConfigError | None = None
+    for k in variant.ubatch_counts:  # the fuzzer draws the microbatch count from these
+        try:
+            HarnessConfig(**{**merged, **ubatching_fields(k)})
+            return
+        except ConfigError as exc:
+            first = first or exc
+    assert first is not None
+    counts = ", ".join(map(str, variant.ubatch_counts))
+    raise ConfigError(first.field, f"{first.message} (with each microbatch count --variant "
+                      f"{variant.name} draws: {counts})")
+
+
+def check_search_flags(args: argparse.Namespace) -> None:
+    """Where the search writes and how it is seeded, checked before it runs for minutes."""
+    output_file("log", args.log)
+    output_dir("found_dir", args.found_dir)
+    if args.no_database:
+        if args.database != DEFAULT_DATABASE:
+            raise ConfigError("database", "contradicts --no-database; give one of them")
+    else:
+        output_dir("database", args.database)
+    if args.hypothesis_seed is not None and args.hypothesis_seed < 0:
+        # Python's Random ignores the sign: -N would repeat the search of N.
+        raise ConfigError("hypothesis_seed", f"must be non-negative, got "
+                          f"{args.hypothesis_seed} (seeds N and -N search alike)")
+
+
 def budget_from_args(args: argparse.Namespace) -> Budget:
-    for name in ("examples", "seconds", "shrink_seconds"):
-        value = getattr(args, name)
-        if value is not None and value <= 0:
-            raise ConfigError(name, f"must be positive, got {value}")
+    if args.examples is not None and args.examples <= 0:
+        raise ConfigError("examples", f"must be positive, got {args.examples}")
+    for name in ("seconds", "shrink_seconds"):
+        if getattr(args, name) is not None:
+            check_seconds(name, getattr(args, name), limit=None)
     seconds = args.seconds
     if seconds is None and args.examples is None:
         seconds = DEFAULT_SECONDS
@@ -120,8 +173,9 @@ def _world_flags(args: argparse.Namespace) -> str:
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
     variants = chosen_variants(args)
-    fixed = pinned_fields(args)
+    fixed = pinned_fields(args, variants)
     budget = budget_from_args(args)
+    check_search_flags(args)
     timeouts = timeouts_from_args(args)
     nproc = args.nproc if args.nproc is not None else (None if args.world == "sim" else 2)
     dp_sizes = (nproc,) if nproc is not None else SIM_DP_SIZES

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from harness.batch import RankBatch
 from harness.check.agreement import first_disagreement
 from harness.config import HarnessConfig
+from harness.errors import ConfigError
 from harness.sut.dp_sync import decide_from_matrix, local_column
 from harness.sut.step_plan import StepPlan, graph_table_for, plan_step
 
@@ -62,9 +63,16 @@ def structural_failures(plans: list[StepPlan]) -> list[tuple[str, str]]:
 
 
 def explore(config: HarnessConfig, max_tokens: int) -> ExhaustiveResult:
-    """Every uniform-decode step of up to `max_tokens` tokens per rank (and at most
-    max_num_reqs requests); idle ranks included."""
-    limit = min(max_tokens, config.max_num_reqs, config.max_num_batched_tokens)
+    """Every uniform-decode step of up to `max_tokens` tokens per rank; idle ranks included.
+    A bound no legal decode batch reaches is a ConfigError, never quietly lowered."""
+    # A decode batch of n tokens holds n requests: beyond either cap no scheduler makes one.
+    largest = min(config.max_num_reqs, config.max_num_batched_tokens)
+    if not 0 <= max_tokens <= largest:
+        raise ConfigError("max_tokens", f"is {max_tokens}; the enumeration honours 0 to "
+                          f"{largest}: a decode batch of n tokens has n requests, so n is at "
+                          f"most max_num_reqs={config.max_num_reqs} and "
+                          f"max_num_batched_tokens={config.max_num_batched_tokens}")
+    limit = max_tokens
     tables = [graph_table_for(config, rank) for rank in range(config.dp_size)]
     batches = [RankBatch.uniform(n, 1) for n in range(limit + 1)]
     columns = [[local_column(t, b) for b in batches] for t in tables]

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
+from harness.cli_config import output_dir
+from harness.errors import ConfigError
 from harness.fuzz.run_log import DEFAULT_LOG
 from harness.report.build import write_report
 from harness.report.logs import load_logs
@@ -25,10 +28,31 @@ def add_report_command(sub: argparse._SubParsersAction) -> argparse.ArgumentPars
 def cmd_report(args: argparse.Namespace) -> int:
     """0 when every finding passes, 1 otherwise; bad input raises ConfigError (exit 2)."""
     # `append` with a list default would add to the default, so it is filled in here.
-    logs = load_logs(args.log or [DEFAULT_LOG])
-    files = write_report(logs, args.out, maps=not args.no_maps)
+    paths = args.log or [DEFAULT_LOG]
+    seen: set[Path] = set()
+    for path in paths:
+        # The same log twice would count its examples and findings twice.
+        if Path(path).resolve() in seen:
+            raise ConfigError("log", f"{path} is given twice")
+        seen.add(Path(path).resolve())
+    out = output_dir("out", args.out)
+    try:
+        logs = load_logs(paths)
+    except UnicodeDecodeError:
+        raise ConfigError("log", f"{_undecodable(paths)} is not UTF-8 text") from None
+    files = write_report(logs, out, maps=not args.no_maps)
     for path in files.all():
         print(path)
     findings = [f.entry for f in logs.findings]
     print(summary_line(findings, len(logs.examples)))
     return 0 if all(finding_passes(f) for f in findings) else 1
+
+
+def _undecodable(paths: list[str]) -> str:
+    """The first log that is not UTF-8 (only looked for once reading one failed)."""
+    for path in paths:
+        try:
+            Path(path).read_text()
+        except UnicodeDecodeError:
+            return path
+    return " or ".join(paths)
