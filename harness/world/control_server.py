@@ -12,6 +12,7 @@ caller only ever sees authenticated peers.
 
 from __future__ import annotations
 
+import itertools
 import os
 import queue
 import select
@@ -50,7 +51,7 @@ class ControlServer:
         self._ready: queue.Queue[Channel] = queue.Queue()
         self._pending: dict[int, _Pending] = {}
         self._lock = threading.Lock()
-        self._ids = iter(range(1 << 62))
+        self._ids = itertools.count()
         self._closed = threading.Event()
         self._acceptor = threading.Thread(target=self._accept_loop, daemon=True,
                                           name="control-acceptor")
@@ -108,6 +109,9 @@ class ControlServer:
         with self._lock:
             self._pending.pop(ident, None)
         pending.sock.close()  # the connection holds its own descriptor
+        if self._closed.is_set():  # nobody will take it
+            connection.close()
+            return
         self._ready.put(Channel(connection))
 
     def _drop(self, ident: int, pending: _Pending, why: str) -> None:
