@@ -10,6 +10,7 @@ from hypothesis import settings
 
 from harness.errors import ConfigError
 from harness.fuzz.profiles import profile_from_environment
+from harness.world import BACKEND_HELP, BACKENDS, DEVICE_HELP, DEVICES
 
 settings.load_profile(profile_from_environment())
 
@@ -22,22 +23,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="ranks in the DP world of the distributed suite (default 2)")
     group.addoption("--world", choices=["sim", "torchrun"], default="sim",
                     help="sim: thread ranks in this process; torchrun: rank processes")
-    group.addoption("--backend", choices=["gloo", "nccl"], default="gloo",
-                    help="process-group backend of the world (nccl: real CUDA graphs; more "
-                    "ranks than GPUs share them)")
-    group.addoption("--device", choices=["cpu", "cuda"], default=None,
-                    help="where the torchrun world's tensors live (default: cuda with nccl, "
-                    "cpu with gloo; cuda with gloo: emulated graphs over CUDA tensors)")
+    group.addoption("--backend", choices=BACKENDS, default="gloo", help=BACKEND_HELP)
+    group.addoption("--device", choices=DEVICES, default=None, help=DEVICE_HELP)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     nproc = config.getoption("--nproc")
     if nproc < 2:
         raise pytest.UsageError(f"--nproc: {nproc} ranks; a DP world needs at least 2")
-    _WORLD_LINE.append(_asked_world_can_run(config))
+    config.stash[_WORLD_LINE] = _asked_world_can_run(config)
 
 
-_WORLD_LINE: list[str] = []
+_WORLD_LINE = pytest.StashKey[str]()  # how the asked-for world runs, for pytest's header
 
 
 def _asked_world_can_run(config: pytest.Config) -> str:
@@ -60,7 +57,8 @@ def _asked_world_can_run(config: pytest.Config) -> str:
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    return [f"harness world: {line}" for line in _WORLD_LINE if line]
+    line = config.stash.get(_WORLD_LINE, "")
+    return [f"harness world: {line}"] if line else []
 
 
 @pytest.fixture(scope="session")

@@ -105,8 +105,11 @@ def run_dp_bench(nproc: int, sizes: str, warmup: int, iters: int) -> list[RankTi
         if done.returncode != 0 or len(files) != nproc:
             raise RuntimeError(f"the DP bench failed (exit {done.returncode}):\n"
                                f"{(done.stdout + done.stderr)[-3000:]}")
-        return [RankTimes(**{**json.loads(f.read_text()), "sizes": tuple(
-            tuple(r) for r in json.loads(f.read_text())["sizes"])}) for f in files]
+        return [_rank_times(json.loads(f.read_text())) for f in files]
+
+
+def _rank_times(data: dict) -> RankTimes:
+    return RankTimes(**{**data, "sizes": tuple(tuple(row) for row in data["sizes"])})
 
 
 def print_dp_table(ranks: list[RankTimes], layout: str, iters: int, file=sys.stdout) -> None:

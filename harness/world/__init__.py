@@ -28,11 +28,15 @@ def open_world(kind: str, nproc: int, backend: str = "gloo",
     raise ConfigError("world", f"unknown world {kind!r} (one of {', '.join(WORLDS)})")
 
 
+BACKENDS = ("gloo", "nccl")
+DEVICES = ("cpu", "cuda")
+BACKEND_HELP = ("process-group backend of the torchrun world (nccl: real CUDA graphs; ranks "
+                "share the GPUs when there are fewer GPUs than ranks)")
+DEVICE_HELP = ("where the ranks' tensors live (default: cuda with nccl, cpu with gloo; cuda "
+               "with gloo emulates the graphs over CUDA tensors)")
+
+
 def add_backend_flags(parser) -> None:
     """`--backend` and `--device` of the commands that open a world."""
-    parser.add_argument("--backend", choices=["gloo", "nccl"], default="gloo",
-                        help="process-group backend of the torchrun world (nccl: real CUDA "
-                        "graphs; ranks share the GPUs when there are fewer GPUs than ranks)")
-    parser.add_argument("--device", choices=["cpu", "cuda"], default=None,
-                        help="where the ranks' tensors live (default: cuda with nccl, cpu with "
-                        "gloo; cuda with gloo emulates the graphs over CUDA tensors)")
+    parser.add_argument("--backend", choices=BACKENDS, default="gloo", help=BACKEND_HELP)
+    parser.add_argument("--device", choices=DEVICES, default=None, help=DEVICE_HELP)

@@ -27,7 +27,7 @@ from harness.scenario import FaultKind, scenario_from_dict
 from harness.sut.rank_runtime import RankRuntime
 from harness.world import wire
 from harness.world.collector import collector_paused
-from harness.world.gpus import GpuLayout, shared_gpu_environment
+from harness.world.gpus import GpuLayout, shared_gpu_environment, visible_gpus
 from harness.world.results import Timeouts
 
 WATCHDOG_PERIOD_S = 0.5
@@ -88,7 +88,7 @@ def join_group(backend: str, device_type: str, timeout_s: float) -> str:
         index = local_rank % torch.cuda.device_count()
         torch.cuda.set_device(index)
         return f"cuda:{index}"
-    layout = GpuLayout(int(os.environ["LOCAL_WORLD_SIZE"]), torch.cuda.device_count())
+    layout = GpuLayout(int(os.environ["LOCAL_WORLD_SIZE"]), visible_gpus())
     if layout.shared:
         # Read by NCCL when the communicator starts; the identity must differ per rank.
         os.environ.update(shared_gpu_environment(int(os.environ["RANK"]),
