@@ -47,7 +47,7 @@ test-gpu: $(ENV_STAMP)
 # Eager, eager microbatched, FULL and microbatched FULL steps of the miniature MoE at decode
 # sizes on the GPU (CUDA-event medians), graph pool memory, memory of unreachable twins.
 bench-gpu: $(ENV_STAMP)
-	$(PYTHON) -m harness.bench_gpu
+	$(PYTHON) -m harness.bench.gpu
 
 # vLLM 0.33.0's own decision functions as the system under test. vllm pins a CUDA torch, so
 # it goes in with --no-deps on top of the torch here, with its pure-Python requirements pinned

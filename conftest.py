@@ -40,7 +40,7 @@ _WORLD_LINE = pytest.StashKey[str]()  # how the asked-for world runs, for pytest
 def _asked_world_can_run(config: pytest.Config) -> str:
     """A world that was asked for and cannot run here ends the session with one line: a
     suite that skipped what it was asked to run must not pass. Returns the layout line."""
-    from harness.world.torchrun import check_backend
+    from harness.world.backends import check_backend
 
     world = config.getoption("--world")
     backend, device = config.getoption("--backend"), config.getoption("--device")
@@ -75,12 +75,23 @@ class _SummarisedWorld:
         self.graphs = world.graphs
 
     def run(self, scenario):
+        """The world's history of `scenario`, as the world hands it back."""
+        from harness.check.judge import judge
+
         start = time.monotonic()
-        result = self.inner.run(scenario)
+        history = self.inner.run(scenario)
+        seconds = time.monotonic() - start
+        result = judge(history)
         failed = sorted({v.checker for _, v in result.failed_verdicts()})
         _SUMMARY.append((scenario.name, scenario.config.dp_size, len(result.steps), result.ok,
-                         ", ".join(failed), time.monotonic() - start))
-        return result
+                         ", ".join(failed), seconds))
+        return history
+
+    def judged(self, scenario):
+        """`scenario` run on the world and through the checkers."""
+        from harness.check.judge import judge
+
+        return judge(self.run(scenario))
 
 
 def _session_world(request: pytest.FixtureRequest, nproc: int, timeouts):
@@ -95,7 +106,7 @@ def _session_world(request: pytest.FixtureRequest, nproc: int, timeouts):
 @pytest.fixture(scope="session")
 def world(request: pytest.FixtureRequest, nproc: int):
     """One world per session (per xdist worker): built once, rebuilt by itself on failure."""
-    from harness.world.results import DEFAULT_TIMEOUTS
+    from harness.timeouts import DEFAULT_TIMEOUTS
 
     inner = _session_world(request, nproc, DEFAULT_TIMEOUTS)
     yield _SummarisedWorld(inner)

@@ -12,6 +12,8 @@ from typing import Any, NoReturn
 
 from harness.batch import RankBatch, validate_batches
 from harness.check.agreement import first_disagreement
+from harness.check.exhaustive import explore
+from harness.check.judge import StepResult, judge
 from harness.cli_config import (
     add_config_flags,
     add_timeout_flags,
@@ -22,12 +24,12 @@ from harness.cli_config import (
 from harness.config import HarnessConfig, check_seconds
 from harness.errors import ConfigError
 from harness.fuzz.command import add_fuzz_command
-from harness.gen.exhaustive import explore
+from harness.history.decision import StepPlan
 from harness.report.command import add_report_command
 from harness.scenario import load_scenario
-from harness.sut.step_plan import StepPlan, decide_on_rank
+from harness.sut.step_plan import decide_on_rank
+from harness.timeouts import DEFAULT_TIMEOUTS
 from harness.world import WORLDS, add_backend_flags, open_world
-from harness.world.results import DEFAULT_TIMEOUTS, StepResult
 from harness.world.threads import RankFailure, RankHang, ThreadWorld
 
 EXIT_OK, EXIT_FOUND, EXIT_BAD_INPUT = 0, 1, 2
@@ -132,7 +134,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     world = open_world(args.world, scenario.config.dp_size, args.backend, timeouts,
                        args.device)
     try:
-        result = world.run(scenario)
+        result = judge(world.run(scenario))
     finally:
         leftover = world.close()
     if leftover:

@@ -15,7 +15,7 @@ from harness.config import (
     ubatching_fields,
 )
 from harness.errors import ConfigError
-from harness.world.results import Timeouts
+from harness.timeouts import Timeouts
 
 
 def int_list(field: str, text: str | None) -> list[int] | None:

@@ -1,7 +1,7 @@
 """The harness configuration: one frozen object every rank builds identically.
 
 Field names follow vLLM's ParallelConfig / SchedulerConfig / CompilationConfig where a field
-has a counterpart there (dbo-reference section 1); the variant switches select known bugs.
+has a counterpart there (docs/spec.md §0); the variant switches select known bugs.
 """
 
 from __future__ import annotations
@@ -36,9 +36,6 @@ class CudaGraphMode(enum.Enum):
     def mixed_mode(self) -> CudaGraphMode:
         return CudaGraphMode(self.value[1]) if self.separate_routine() else self
 
-    def is_runtime_mode(self) -> bool:
-        return not self.separate_routine()
-
     @classmethod
     def parse(cls, name: str | CudaGraphMode, field_name: str = "cudagraph_mode") -> CudaGraphMode:
         if isinstance(name, CudaGraphMode):
@@ -51,22 +48,22 @@ class CudaGraphMode(enum.Enum):
 
 
 class Guard(enum.Enum):
-    """Which empty-microbatch guard the DP sync applies (dbo-reference 4.2, 12.1-12.2)."""
+    """Which empty-microbatch guard the DP sync applies (docs/spec.md §3.2, §7.1-7.2)."""
 
     FIXED = "fixed"  # eager when min <= (G // k) * (k - 1): the reference behaviour
     MERGED = "merged"  # eager when 2 * min < G: PR #51700 as merged, vllm 0.33.0
     STRICT_K2 = "strict-k2"  # eager when 2 * min <= G: the `<=` fix with the literal 2
 
 
-class Protocol(enum.Enum):
-    """Which microbatch thread protocol runs eager microbatched steps (dbo-reference 5)."""
+class UbatchProtocol(enum.Enum):
+    """Which microbatch thread protocol runs eager microbatched steps (docs/spec.md §5.5-5.6)."""
 
     ABORTABLE = "abortable"  # a failing microbatch unwinds its siblings: the reference
-    STOCK = "stock"  # vLLM as merged: sibling-failure hang (12.4), recv_hook on None (12.3)
+    STOCK = "stock"  # vLLM as merged: spec §7.4 (sibling hang), §7.3 (recv_hook on None)
 
 
 class All2AllBackend(enum.Enum):
-    """How the MoE layer overlaps its all-to-alls (dbo-reference 7)."""
+    """How the MoE layer overlaps its all-to-alls (docs/spec.md §5.4)."""
 
     LOW_LATENCY = "deepep_low_latency"  # async send, receive as a hook run by the next ubatch
     HIGH_THROUGHPUT = "deepep_high_throughput"  # yield first, then a blocking all-to-all
@@ -109,16 +106,16 @@ HARNESS_ONLY_FIELDS = (("guard", "fixed"), ("twins", "reachable"), ("threshold_o
 
 
 class CaptureOn(enum.Enum):
-    """Which stream a microbatched graph is captured on (dbo-reference 2.8)."""
+    """Which stream a microbatched graph is captured on (docs/spec.md §6.3)."""
 
     RUNNER = "runner"  # the runner's capture stream, where the microbatch threads launch
     SIDE = "side"  # the draft's bug: a fresh side stream, so the threads' work is not captured
 
 
 class Twins(enum.Enum):
-    """Which microbatched twins the graph table captures (dbo-reference 12.5)."""
+    """Which microbatched twins the graph table captures (docs/spec.md §7.5)."""
 
-    ALL = "all"  # every eligible twin, as vLLM does (bug 12.5)
+    ALL = "all"  # every eligible twin, as vLLM does (bug §7.5 of docs/spec.md)
     REACHABLE = "reachable"  # only twins some legal batch can dispatch to: the reference
 
 
@@ -134,7 +131,7 @@ def _parse_enum(enum_cls: type[enum.Enum], value: Any, field_name: str) -> enum.
 
 def default_capture_sizes(max_num_reqs: int, max_num_batched_tokens: int,
                           decode_query_len: int = 1) -> tuple[int, ...]:
-    """vLLM's default capture-size ladder (dbo-reference 1.4)."""
+    """vLLM's default capture-size ladder (docs/spec.md §0.3)."""
     largest = min(max_num_reqs * decode_query_len * 2, 512, max_num_batched_tokens)
     sizes = {s for s in (1, 2, 4) if s <= largest}
     if largest >= 8:
@@ -155,7 +152,7 @@ class HarnessConfig:
     decode_threshold: int = 32
     prefill_threshold: int = 512
     cudagraph_mode: CudaGraphMode = CudaGraphMode.FULL
-    # None: generated from max_num_reqs and max_num_batched_tokens (dbo-reference 1.4).
+    # None: generated from max_num_reqs and max_num_batched_tokens (docs/spec.md §0.3).
     capture_sizes: tuple[int, ...] | None = None
     max_num_reqs: int = 64
     max_num_batched_tokens: int = 256
@@ -170,7 +167,7 @@ class HarnessConfig:
     # Fault switch: this rank generates twins with the decode threshold moved by the offset.
     threshold_offset_rank: int | None = None
     threshold_offset: int = 0
-    protocol: Protocol = Protocol.ABORTABLE
+    protocol: UbatchProtocol = UbatchProtocol.ABORTABLE
     all2all_backend: All2AllBackend = All2AllBackend.LOW_LATENCY
     capture_on: CaptureOn = CaptureOn.RUNNER
     sut: DecisionSystem = DecisionSystem.HARNESS
@@ -182,7 +179,8 @@ class HarnessConfig:
         object.__setattr__(self, "cudagraph_mode", CudaGraphMode.parse(self.cudagraph_mode))
         object.__setattr__(self, "guard", _parse_enum(Guard, self.guard, "guard"))
         object.__setattr__(self, "twins", _parse_enum(Twins, self.twins, "twins"))
-        object.__setattr__(self, "protocol", _parse_enum(Protocol, self.protocol, "protocol"))
+        object.__setattr__(self, "protocol",
+                           _parse_enum(UbatchProtocol, self.protocol, "protocol"))
         object.__setattr__(self, "all2all_backend", _parse_enum(
             All2AllBackend, self.all2all_backend, "all2all_backend"))
         object.__setattr__(self, "capture_on",

@@ -1,4 +1,6 @@
-"""Errors the harness reports to its users as one line."""
+"""Errors the harness reports to its users as one line, and where a rank's failure came from."""
+
+import enum
 
 
 class ConfigError(ValueError):
@@ -8,3 +10,15 @@ class ConfigError(ValueError):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+
+
+class ErrorOrigin(enum.Enum):
+    """Where a rank's failure came from, carried as data so no code reads message text."""
+
+    INJECTED = "injected"  # a scenario's fault, or a failure it caused
+    KILLED = "killed"  # the rank's process was killed by an injected fault
+    LOST = "lost"  # the rank's process vanished (crashed, or ended by torchrun)
+    TIMEOUT = "timeout"  # a bounded wait on a peer ran out (a collective, the device)
+    HANG = "hang"  # a microbatch or a rank never got its turn back within its deadline
+    ABORTED = "aborted"  # a microbatch stopped because its sibling failed
+    RAISED = "raised"  # the system under test raised an error of its own

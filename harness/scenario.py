@@ -15,7 +15,6 @@ CUDA outright, where the emulation records an empty graph).
 
 from __future__ import annotations
 
-import enum
 import json
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -25,30 +24,9 @@ from harness.batch import RankBatch, validate_batches
 from harness.config import HarnessConfig, check_seconds, config_kwargs
 from harness.data_file import read_data_file
 from harness.errors import ConfigError
-from harness.model.moe import DEFAULT_VOCAB, RequestSpec
-
-
-class FaultKind(enum.Enum):
-    """Faults a scenario can inject (the nemesis)."""
-
-    RAISE_IN_UBATCH = "raise_in_ubatch"  # the microbatch raises after its first yield
-    RETURN_WITHOUT_YIELDING = "return_without_yielding"  # the microbatch skips its MoE layer
-    SKIP_SYNC = "skip_sync"  # the rank skips the DP sync all-reduce
-    SLOW_RANK = "slow_rank"  # the rank sleeps `seconds` before the step
-    KILL_RANK = "kill_rank"  # the rank's process is killed mid-step (torchrun world only)
-
-
-class InjectedFault(RuntimeError):
-    """The error a scenario's fault makes a rank or a microbatch raise."""
-
-
-@dataclass(frozen=True)
-class Fault:
-    kind: FaultKind
-    rank: int
-    step: int
-    ubatch: int = 0
-    seconds: float = 0.0
+from harness.faults import Fault, FaultKind
+from harness.model.state import RequestSpec
+from harness.model.weights import DEFAULT_VOCAB
 
 
 @dataclass(frozen=True)
@@ -120,20 +98,6 @@ class Scenario:
             if self.caught_by_on:
                 data["expect"]["caught_by_on"] = dict(self.caught_by_on)
         return data
-
-    def with_dp_size(self, dp_size: int) -> Scenario:
-        """The same case on more (or fewer) ranks: extra ranks repeat the last rank's batch."""
-        if dp_size == self.config.dp_size:
-            return self
-        steps = tuple((ranks + (ranks[-1],) * dp_size)[:dp_size] for ranks in self.steps)
-        faults = tuple(f for f in self.faults if f.rank < dp_size)
-        data = self.to_dict()
-        data["config"]["dp_size"] = dp_size
-        offset_rank = data["config"].get("threshold_offset_rank")
-        if offset_rank is not None and offset_rank >= dp_size:
-            data["config"]["threshold_offset_rank"] = dp_size - 1
-        config = HarnessConfig(**config_kwargs(data["config"]))
-        return replace(self, config=config, steps=steps, faults=faults)
 
     def only_step(self, step: int) -> Scenario:
         """Step `step` alone (its requests start afresh), with its faults."""

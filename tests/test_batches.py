@@ -1,4 +1,4 @@
-"""Per-rank batches: construction, the make_dummy layout (dbo-reference 2.7) and validation."""
+"""Per-rank batches: construction, the make_dummy layout (docs/spec.md §2.4) and validation."""
 
 from __future__ import annotations
 

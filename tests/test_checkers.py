@@ -18,8 +18,10 @@ from harness.check.checkers import (
     check_step,
     check_thread_hygiene,
 )
-from harness.check.records import StepError, StepRecord
 from harness.config import HarnessConfig
+from harness.errors import ErrorOrigin
+from harness.history.records import StepRecord
+from harness.history.step_error import StepError
 from harness.sut.step_plan import plan_without_world
 
 CONFIG = HarnessConfig(capture_sizes=(16, 32), max_num_reqs=32, max_num_batched_tokens=64,
@@ -29,6 +31,10 @@ STATE = ((0.5, 0.5), (0.0, 0.0))  # one real slot, then the scratch slot
 ROUTES = ((0, 0, 1), (1, 0, 0))
 REFERENCE = ReferenceRows((ROWS, ROWS), (STATE, STATE), (ROUTES, ROUTES))
 
+
+TIMEOUT = ErrorOrigin.TIMEOUT
+NAMED = StepError("MicrobatchFailed", "Microbatch 0 of 2 failed", "InjectedFault: boom",
+                  ErrorOrigin.INJECTED)
 
 def records(tokens=(20, 24)) -> list[StepRecord]:
     plans = plan_without_world(CONFIG, [RankBatch.uniform(n, 1) for n in tokens])
@@ -55,20 +61,47 @@ def test_a_rank_that_never_returned_or_took_too_long_fails_liveness():
 
 def test_an_unexplained_error_fails_and_a_timed_out_peer_of_a_fault_passes():
     recs = records()
-    err = StepError("CollectiveTimeout", "all_to_all did not complete")
+    err = StepError("CollectiveTimeout", "all_to_all did not complete", None, TIMEOUT)
     assert not check_errors([recs[0], replace(recs[1], error=err)]).ok
-    named = StepError("RuntimeError", "Microbatch 0 of 2 failed", "InjectedFault: boom")
-    faulted = [replace(recs[0], error=named, injected_fault=True), replace(recs[1], error=err)]
+    faulted = [replace(recs[0], error=NAMED, injected_fault=True), replace(recs[1], error=err)]
     assert check_errors(faulted).ok
-    hang = StepError("MicrobatchHang", "HANG", "InjectedFault: boom")
+    hang = StepError("MicrobatchHang", "HANG", "InjectedFault: boom", ErrorOrigin.HANG)
     assert not check_errors([replace(recs[0], error=hang, injected_fault=True), recs[1]]).ok
+
+
+def test_a_fault_is_named_only_by_the_fault_or_the_microbatch_it_broke():
+    recs = records()
+    peer = replace(recs[1], error=StepError("CollectiveTimeout", "", None, TIMEOUT))
+    # Caused by the fault, but reported as a protocol slip: the microbatch is not named.
+    slip = StepError("ProtocolError", "yield outside a run", "InjectedFault: boom",
+                     ErrorOrigin.INJECTED)
+    assert not check_errors([replace(recs[0], error=slip, injected_fault=True), peer]).ok
+    # Named like the runner's report, but the system raised it of its own accord.
+    own = replace(NAMED, origin=ErrorOrigin.RAISED)
+    assert not check_errors([replace(recs[0], error=own, injected_fault=True), peer]).ok
+    killed = StepError("RankKilled", "was killed", None, ErrorOrigin.KILLED)
+    lost = replace(recs[1], error=StepError("RankLost", "lost", None, ErrorOrigin.LOST))
+    assert check_errors([replace(recs[0], error=killed, injected_fault=True), lost]).ok
+    # Only the last of three ranks is a peer that failed on its own.
+    own_peer = replace(recs[1], rank=2, error=StepError("ValueError", "bad", None))
+    assert not check_errors([replace(recs[0], error=NAMED, injected_fault=True), peer,
+                             own_peer]).ok
+
+
+def test_only_a_hang_fails_liveness_not_a_timed_out_collective():
+    recs = records()
+    hang = StepError("MicrobatchHang", "never got the turn back", None, ErrorOrigin.HANG)
+    timeout = StepError("CollectiveTimeout", "all_to_all", None, TIMEOUT)
+    assert check_liveness([recs[0], replace(recs[1], error=timeout)], 5.0).ok
+    three = [*recs, replace(recs[1], rank=2, error=hang)]
+    assert check_liveness(three, 5.0).detail.startswith("rank 2 hung")
 
 
 def test_a_peer_whose_gpu_stays_held_by_the_faulty_ranks_collective_passes_only_then():
     recs = records()
-    wedged = StepError("DeviceWedged", "rank 1 step 0: the GPU work did not finish")
-    named = StepError("RuntimeError", "Microbatch 0 of 2 failed", "InjectedFault: boom")
-    faulted = [replace(recs[0], error=named, injected_fault=True), replace(recs[1], error=wedged)]
+    wedged = StepError("DeviceWedged", "rank 1 step 0: the GPU work did not finish", None,
+                       TIMEOUT)
+    faulted = [replace(recs[0], error=NAMED, injected_fault=True), replace(recs[1], error=wedged)]
     assert check_errors(faulted).ok
     # Without an injected fault a wedged device is a finding, on whichever rank.
     assert not check_errors([recs[0], replace(recs[1], error=wedged)]).ok

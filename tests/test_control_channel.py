@@ -14,7 +14,9 @@ from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client
 
 import pytest
+from scenario_width import with_dp_size
 
+from harness.check.judge import judge
 from harness.scenario import load_scenario, scenario_from_dict
 from harness.world.control_server import HANDSHAKE_TIMEOUT_S, ControlServer
 from harness.world.torchrun import TorchrunWorld
@@ -49,7 +51,7 @@ def world(request, nproc):
 
 def scenarios(nproc: int):
     bug = load_scenario(os.path.join(ROOT, "scenarios", "guard-equality.json"))
-    return [scenario_from_dict(CLEAN).with_dp_size(nproc), bug.with_dp_size(nproc)]
+    return [with_dp_size(scenario_from_dict(CLEAN), nproc), with_dp_size(bug, nproc)]
 
 
 def verdicts(result):
@@ -91,7 +93,7 @@ def test_a_stranger_sending_a_pickle_changes_nothing_and_runs_nothing(world, tmp
     stranger = attack_while_launching(world, send_pickle)
     world.start()
     stranger.join(30)
-    attacked = [verdicts(world.run(s)) for s in scenarios(world.nproc)]
+    attacked = [verdicts(judge(world.run(s))) for s in scenarios(world.nproc)]
     assert sent and world.strangers_dropped >= 1
     assert not os.path.exists(marker), "the driver unpickled what a stranger sent"
     dropped = [line for line in capsys.readouterr().err.splitlines()
@@ -99,7 +101,7 @@ def test_a_stranger_sending_a_pickle_changes_nothing_and_runs_nothing(world, tmp
     assert dropped and "failed the handshake" in dropped[0]
     world.close()
     world.start()  # no stranger this time
-    assert attacked == [verdicts(world.run(s)) for s in scenarios(world.nproc)]
+    assert attacked == [verdicts(judge(world.run(s))) for s in scenarios(world.nproc)]
 
 
 def test_a_flood_of_silent_and_garbled_strangers_does_not_delay_the_launch(world):
@@ -126,7 +128,7 @@ def test_a_flood_of_silent_and_garbled_strangers_does_not_delay_the_launch(world
         # time, fifty silent ones would add fifty handshake bounds.
         assert flooded_launch < 1.5 * clean_launch + HANDSHAKE_TIMEOUT_S, \
             (clean_launch, flooded_launch)
-        assert all(world.run(s).ok == ok for s, ok in zip(scenarios(world.nproc),
+        assert all(judge(world.run(s)).ok == ok for s, ok in zip(scenarios(world.nproc),
                                                           (True, False), strict=True))
     finally:
         for sock in held:
@@ -166,4 +168,4 @@ def test_a_worker_with_a_wrong_key_cannot_join_a_world(world):
     world.start()
     stranger.join(30)
     assert refused and world.strangers_dropped >= 1
-    assert world.run(scenarios(world.nproc)[0]).ok
+    assert judge(world.run(scenarios(world.nproc)[0])).ok

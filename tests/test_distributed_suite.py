@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from scenario_width import with_dp_size
 
+from harness.check.judge import judge
 from harness.fuzz.engine import Budget, fuzz, scenario_strategy
 from harness.fuzz.variants import VARIANTS
 from harness.scenario import load_scenario, scenario_from_dict
@@ -33,11 +35,11 @@ def describe(result) -> str:
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
 def test_each_regression_scenario_is_caught_on_the_world_and_clean_in_the_reference(
         world, path):
-    scenario = load_scenario(path).with_dp_size(world.nproc)
-    buggy = world.run(scenario)
+    scenario = with_dp_size(load_scenario(path), world.nproc)
+    buggy = world.judged(scenario)
     expected = scenario.expected_checker(world.graphs)
     assert expected in [v.checker for _, v in buggy.failed_verdicts()], describe(buggy)
-    clean = world.run(scenario.with_reference_behaviour())
+    clean = world.judged(scenario.with_reference_behaviour())
     assert clean.ok, describe(clean)
 
 
@@ -45,7 +47,7 @@ def test_each_regression_scenario_is_caught_on_the_world_and_clean_in_the_refere
 @given(data=st.data())
 def test_every_checker_holds_on_skewed_dp_steps_of_the_reference(world, data):
     scenario = data.draw(scenario_strategy(VARIANTS["reference"], {}, (world.nproc,)))
-    result = world.run(scenario)
+    result = world.judged(scenario)
     assert result.ok, describe(result)
 
 
@@ -60,7 +62,7 @@ def test_every_rank_stops_after_a_step_in_which_any_rank_failed(world):
         "steps": [{"ranks": [{"query_lens": [28]}] + [{"query_lens": [16]}] * (world.nproc - 1)},
                   {"ranks": [{"query_lens": [46]}] * world.nproc}],
         "faults": [{"kind": "return_without_yielding", "rank": 1, "step": 0, "ubatch": 1}]})
-    result = world.run(scenario)
+    result = world.judged(scenario)
     assert result.ok, describe(result)
     assert len(result.steps) == 1
     assert any(r.error is not None for r in result.steps[0].records)
@@ -91,9 +93,9 @@ def test_the_fuzzer_finds_each_planted_bug_from_nothing_and_shrinks_it(
         assert [f.kind.value for f in shrunk.faults] == ["raise_in_ubatch"]
     # The saved scenario is a regression scenario: caught as such, clean once undone.
     replayed = load_scenario(outcome.replay.split("--scenario ")[1].split(" ")[0])
-    again = fuzz_world.run(replayed)
+    again = judge(fuzz_world.run(replayed))
     assert replayed.caught_by in [v.checker for _, v in again.failed_verdicts()]
-    assert fuzz_world.run(replayed.with_reference_behaviour()).ok
+    assert judge(fuzz_world.run(replayed.with_reference_behaviour())).ok
 
 
 def test_the_fuzzer_finds_nothing_on_the_reference(request, fuzz_world, tmp_path):

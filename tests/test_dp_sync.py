@@ -1,4 +1,4 @@
-"""The DP sync of one step (dbo-reference 4, the decision tests of 9, the bugs of 12.1-12.2).
+"""The DP sync of one step (docs/spec.md §1, the decision cases of §9.1, the bugs of §7.1-7.2).
 
 Expectations are worked out by hand from the reference; `plan_without_world` runs the same
 decision code every rank runs, on the matrix the all-reduce would gather.
@@ -21,7 +21,7 @@ from harness.sut.dp_sync import (
 )
 from harness.sut.step_plan import graph_table_for, plan_without_world
 
-# The fixture values of vLLM's slicing tests (dbo-reference 9), with room for 128 requests.
+# The fixture values of vLLM's slicing tests (docs/spec.md §9), with room for 128 requests.
 THRESHOLDS = {"decode_threshold": 32, "prefill_threshold": 128}
 
 
@@ -118,7 +118,7 @@ def test_a_rank_at_exactly_half_the_graph_falls_back_to_eager_with_the_fixed_gua
 
 
 def test_the_merged_guard_replays_a_graph_whose_second_microbatch_is_all_padding():
-    # Bug 12.1: 2 * 64 < 128 is false, so vllm 0.33.0 replays the 128 twin.
+    # Bug §7.1 of docs/spec.md: 2 * 64 < 128 is false, so vllm 0.33.0 replays the 128 twin.
     plans = plan_without_world(graph_config(guard="merged"), decode(64, 128))
     assert {p.kind for p in plans} == {"full-microbatched"}
     assert plans[0].desc.num_tokens == 128
@@ -133,7 +133,8 @@ def test_one_token_past_half_the_graph_fills_both_microbatches():
 
 
 def test_the_literal_two_lets_a_three_way_split_replay_with_an_empty_last_region():
-    # Bug 12.2: k = 3, one 96-token graph, tokens [50, 96]; regions [0,32) [32,64) [64,96).
+    # docs/spec.md §7.2: k = 3, one 96-token graph, tokens [50, 96]; regions [0,32) [32,64)
+    # [64,96).
     config = graph_config(enable_dbo=False, ubatch_size=3, capture_sizes=(96,),
                           decode_threshold=3, prefill_threshold=3)
     for guard in (Guard.MERGED, Guard.STRICT_K2):

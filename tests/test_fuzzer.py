@@ -6,14 +6,15 @@ from __future__ import annotations
 import json
 
 import pytest
+from fuzz_crosscheck import cross_check
 
 from harness.cli import EXIT_BAD_INPUT, EXIT_FOUND, main
 from harness.config import HarnessConfig
-from harness.fuzz.crosscheck import cross_check
+from harness.faults import Fault, FaultKind
 from harness.fuzz.engine import FUZZ_TIMEOUTS, Budget
 from harness.fuzz.reduce import reduce_scenario, simpler_scenarios
 from harness.fuzz.run_log import ExampleEntry, FindingEntry, read_log
-from harness.scenario import Fault, FaultKind, RankStep, Scenario
+from harness.scenario import RankStep, Scenario
 from harness.world.sim import SimWorld
 
 CONFIG = HarnessConfig(dp_size=4, capture_sizes=(8,), max_num_reqs=16,
@@ -31,9 +32,23 @@ def test_the_last_shrink_pass_drops_steps_and_ranks_while_the_failure_holds():
     def fails(s: Scenario) -> bool:
         return any({2, 8} <= {len(r.query_lens) for r in ranks} for ranks in s.steps)
 
-    reduced = reduce_scenario(four_rank_scenario(), fails)
+    reduced = reduce_scenario(four_rank_scenario(), fails, dp_sizes=(2, 3, 4))
     assert reduced.config.dp_size == 2 and len(reduced.steps) == 1
     assert sorted(len(r.query_lens) for r in reduced.steps[0]) == [2, 8]
+
+
+def test_the_last_shrink_pass_keeps_the_width_of_a_world_that_has_only_one():
+    tried = []
+
+    def fails(s: Scenario) -> bool:
+        tried.append(s.config.dp_size)
+        return True
+
+    reduced = reduce_scenario(four_rank_scenario(), fails, dp_sizes=(4,))
+    assert reduced.config.dp_size == 4 and len(reduced.steps) == 1
+    assert set(tried) == {4}
+    # Three ranks are drawn, two are not: one rank fewer, and no more.
+    assert reduce_scenario(four_rank_scenario(), fails, dp_sizes=(3, 4)).config.dp_size == 3
 
 
 def test_dropping_a_rank_renumbers_the_faults_of_the_ranks_after_it():
@@ -48,7 +63,7 @@ def test_a_single_step_keeps_only_its_faults_and_two_ranks_are_the_floor():
     alone = four_rank_scenario().only_step(1)
     assert len(alone.steps) == 1 and alone.faults == (Fault(FaultKind.RAISE_IN_UBATCH, 3, 0),)
     two = Scenario(CONFIG.with_changes(dp_size=2), ((RankStep((1,)), RankStep((1,))),))
-    assert list(simpler_scenarios(two)) == []
+    assert list(simpler_scenarios(two, dp_sizes=(1, 2, 3))) == []
 
 
 @pytest.mark.parametrize("changes, enumerated", [

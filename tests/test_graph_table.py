@@ -1,11 +1,12 @@
-"""Compatibility, twins, candidates, capture order and dispatch (dbo-reference 2.2-2.6, 9, 12.5)."""
+"""Compatibility, twins, candidates, capture order and dispatch (docs/spec.md §2.1-2.2, §9.2,
+§7.5)."""
 
 from __future__ import annotations
 
 import pytest
 
 from harness.config import CudaGraphMode, HarnessConfig
-from harness.sut.descriptor import GraphDescriptor as D
+from harness.history.decision import GraphDescriptor as D
 from harness.sut.descriptor import is_compatible
 from harness.sut.graph_table import GraphTable, ubatch_twin
 
@@ -296,7 +297,7 @@ def test_dispatch_of_an_empty_step_runs_eager():
 
 
 def test_microbatched_graphs_are_only_offered_to_uniform_batches():
-    # dbo-reference section 9, test 3.
+    # docs/spec.md §9.2 case 2.
     config = HarnessConfig(twins="all", cudagraph_mode=F, capture_sizes=(64, 128), max_num_reqs=256,
                            max_num_batched_tokens=256, decode_threshold=32,
                            prefill_threshold=128)
@@ -306,7 +307,7 @@ def test_microbatched_graphs_are_only_offered_to_uniform_batches():
     assert table.dispatch(8, 64, None, num_ubatches=2) == D(NONE, 64, 8, num_ubatches=2)
 
 
-# -- never-replayable twins (12.5) ---------------------------------------------------------
+# -- never-replayable twins (spec §7.5) ---------------------------------------------------------
 
 SMALL = dict(cudagraph_mode=F, capture_sizes=(4, 8), max_num_reqs=4, decode_threshold=4,
              prefill_threshold=4, twins="all")  # vLLM's behaviour: every eligible twin

@@ -12,23 +12,16 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from harness.config import HarnessConfig
-from harness.model.moe import (
-    DEFAULT_VOCAB,
-    Microbatch,
-    MiniMoE,
-    MoEWeights,
-    RequestSpec,
-    StateCache,
-    StepBuffers,
-    UbatchMetadata,
-    prepare_microbatch,
-    run_step,
-)
-from harness.model.overlap import MicrobatchOverlap, NoOverlap
+from harness.model.mini_moe import MiniMoE
 from harness.model.reference import diff_against_reference, reference_step
+from harness.model.state import RequestSpec, StateCache
+from harness.model.step_buffers import Microbatch, StepBuffers, UbatchMetadata, prepare_microbatch
+from harness.model.ubatch_slice import UbatchSlice
+from harness.model.weights import DEFAULT_VOCAB, MoEWeights
 from harness.runtime.comm import CollectiveTimeout, EagerAllToAll
+from harness.runtime.overlap import MicrobatchOverlap, NoOverlap
 from harness.runtime.process_group import as_process_group
-from harness.sut.slicing import UbatchSlice, clamped_ubatch_slices
+from harness.sut.slicing import clamped_ubatch_slices
 from harness.world.threads import RankFailure, ThreadWorld
 
 TIMEOUT_S = 5.0
@@ -78,6 +71,14 @@ class RankResult:
     routes: Counter
 
 
+def run_in_sequence(model: MiniMoE, step: StepBuffers, cache: StateCache,
+                    slices: Sequence[UbatchSlice], metas: Sequence[UbatchMetadata]) -> None:
+    """The step's microbatches one after another, each with its own metadata and comm buffers
+    (NoOverlap per microbatch): the sequential stand-in for the thread protocol."""
+    for i, sl in enumerate(slices):
+        model.forward(prepare_microbatch(step, metas[i], sl, ubatch_id=i), cache, NoOverlap(i))
+
+
 MicrobatchHook = Callable[[int, int, StepBuffers, UbatchSlice, Microbatch], Microbatch]
 
 
@@ -99,7 +100,7 @@ def run_world(config: HarnessConfig, batches, states, num_tokens: int = 20, num_
             slices = slices_hook(rank, slices)
         metas = [UbatchMetadata(num_reqs) for _ in slices]
         if mb_hook is None:
-            run_step(model, step, cache, slices, metas)
+            run_in_sequence(model, step, cache, slices, metas)
         else:
             for i, sl in enumerate(slices):
                 mb = mb_hook(rank, i, step, sl, prepare_microbatch(step, metas[i], sl, i))
@@ -217,7 +218,7 @@ def test_a_rank_that_skips_the_dispatch_makes_its_peer_fail_within_the_timeout()
         cache.state.copy_(states[rank])
         step = StepBuffers(20, 6, HIDDEN, cache.scratch_slot)
         step.fill(batches[rank])
-        run_step(model, step, cache, [step.whole()], [UbatchMetadata(6)])
+        run_in_sequence(model, step, cache, [step.whole()], [UbatchMetadata(6)])
 
     with ThreadWorld(2, timeout_s=1.0) as world, pytest.raises(RankFailure) as info:
         world.run(rank_body, deadline_s=5.0)

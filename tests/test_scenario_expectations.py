@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from scenario_width import with_dp_size
 
 from harness.errors import ConfigError
 from harness.scenario import load_scenario, scenario_from_dict
@@ -35,7 +36,7 @@ def test_per_backend_checkers_survive_a_round_trip_and_go_with_the_bug():
         "reference": {"capture_on": "runner"}}})
     again = scenario_from_dict(scenario.to_dict())
     assert again.expected_checker("cuda") == "startup"
-    assert again.with_dp_size(3).expected_checker("cuda") == "startup"
+    assert with_dp_size(again, 3).expected_checker("cuda") == "startup"
     fixed = again.with_reference_behaviour()
     assert fixed.expected_checker("cuda") is None and fixed.caught_by_on == ()
 

@@ -9,16 +9,23 @@ from pathlib import Path
 
 import pytest
 
+from harness.check.judge import judge
 from harness.cli import EXIT_BAD_INPUT, EXIT_FOUND, EXIT_OK, main
 from harness.errors import ConfigError
 from harness.scenario import load_scenario, scenario_from_dict
-from harness.world.results import Timeouts
-from harness.world.sim import run_scenario
+from harness.timeouts import Timeouts
+from harness.world.sim import SimWorld
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 FAST = Timeouts(collective_s=2.0, hang_s=4.0, step_deadline_s=15.0)
 SMALL = {"capture_sizes": [16, 32], "max_num_reqs": 32, "max_num_batched_tokens": 64,
          "decode_threshold": 8, "prefill_threshold": 16}
+
+
+def run_scenario(scenario, timeouts):
+    """`scenario` judged on a fresh sim world of its own."""
+    with SimWorld(scenario.config.dp_size, timeouts) as world:
+        return judge(world.run(scenario))
 
 
 def run(config: dict, steps: list, faults: list | None = None):
@@ -108,7 +115,7 @@ def test_the_abortable_protocol_names_the_failed_microbatch_and_leaves_no_thread
                  [{"kind": "raise_in_ubatch", "rank": 0, "step": 0}])
     assert result.ok, result.failed_verdicts()
     rank0 = result.steps[0].records[0]
-    assert rank0.error.describe().startswith("RuntimeError: Microbatch 0 of 2 failed")
+    assert rank0.error.describe().startswith("MicrobatchFailed: Microbatch 0 of 2 failed")
     assert rank0.threads_alive == () and rank0.pending_run is False
 
 

@@ -1,14 +1,13 @@
-"""Microbatch regions and request slices (dbo-reference 1.2, 3.3, section 9 test 2, 12.2, 12.7)."""
+"""Microbatch regions and request slices (docs/spec.md §4, §4.5, §7.2, §7.7)."""
 
 from __future__ import annotations
 
 import pytest
 
 from harness.config import CudaGraphMode
-from harness.sut.descriptor import GraphDescriptor
+from harness.history.decision import GraphDescriptor, Region
+from harness.model.ubatch_slice import UbatchSlice
 from harness.sut.slicing import (
-    Region,
-    UbatchSlice,
     captured_split,
     clamped_ubatch_slices,
     padded_ubatch_slices,
@@ -20,7 +19,7 @@ F = CudaGraphMode.FULL
 
 
 def request_spans(slices) -> list[tuple[int, int]]:
-    return [s.request_span for s in slices]
+    return [(s.req_start, s.req_stop) for s in slices]
 
 
 def token_spans(slices) -> list[tuple[int, int]]:
@@ -33,7 +32,7 @@ def replay_split(num_real_reqs: int, clamped: bool = True) -> list[tuple[int, in
     return request_spans(slicer([1] * num_real_reqs, 16, 16, 2))
 
 
-# -- section 9 test 2: the captured split survives a replay with enough requests -----------
+# -- docs/spec.md §4.5: the captured split survives a replay with enough requests -----------
 
 
 def test_the_captured_split_of_a_sixteen_request_twin_is_two_halves():
@@ -49,8 +48,8 @@ def test_the_captured_split_survives_a_replay_with_enough_requests(num_real_reqs
 
 
 def test_a_replay_with_exactly_the_split_point_shifts_the_second_slice_with_the_clamp():
-    # n = 8 is the equality case of bug 12.1: the clamped slicer starts slice 2 one request
-    # early; the unclamped eager-era slicer keeps [8:16].
+    # n = 8 is the equality case of docs/spec.md §7.1: the clamped slicer starts slice 2 one
+    # request early; the unclamped eager-era slicer keeps [8:16].
     assert replay_split(8) == [(0, 8), (7, 16)]
     assert replay_split(8, clamped=False) == [(0, 8), (8, 16)]
 
@@ -99,7 +98,7 @@ def test_a_single_request_dummy_batch_is_split_between_both_microbatches():
 
 
 def test_an_all_padding_microbatch_holds_the_last_real_request_after_the_clamp():
-    # Six decodes padded to 16 tokens, requests not padded (section 9 "no work to do").
+    # Six decodes padded to 16 tokens, requests not padded (docs/spec.md §9.2, "no work to do").
     clamped = clamped_ubatch_slices([1] * 6, 16, 6, 2)
     assert request_spans(clamped) == [(0, 6), (5, 6)]
     assert not clamped[1].is_empty()
@@ -132,7 +131,7 @@ def test_two_regions_count_the_real_tokens_in_each():
 
 
 def test_three_regions_leave_the_last_empty_when_real_tokens_stop_short():
-    # Bug 12.2: 96 tokens, k = 3, a rank with 50 real tokens.
+    # Bug §7.2 of docs/spec.md: 96 tokens, k = 3, a rank with 50 real tokens.
     assert region_bounds(96, 3) == ((0, 32), (32, 64), (64, 96))
     assert regions(96, 50, 3) == (Region(32, 32), Region(32, 18), Region(32, 0))
 
@@ -142,7 +141,7 @@ def test_three_regions_can_leave_a_middle_region_all_padding():
 
 
 def test_a_middle_slice_past_the_real_tokens_points_past_the_real_requests():
-    # Section 12.7: k = 3, padded to 12, 3 real tokens -> slice 2 is tokens [4, 8) with the
+    # docs/spec.md §7.7: k = 3, padded to 12, 3 real tokens -> slice 2 is tokens [4, 8) with the
     # request slice (3, 4), past the real requests; only the last slice is repaired.
     slices = padded_ubatch_slices([1, 1, 1], 12, 12, 3)
     assert token_spans(slices) == [(0, 4), (4, 8), (8, 12)]

@@ -14,13 +14,16 @@ from pathlib import Path
 
 import psutil
 import pytest
+from scenario_width import with_dp_size
 
+from harness.check.judge import judge
 from harness.cli import EXIT_BAD_INPUT, main
 from harness.errors import ConfigError
 from harness.scenario import scenario_from_dict
+from harness.timeouts import Timeouts
+from harness.world.backends import check_backend
 from harness.world.gpus import pids_holding_gpu_memory
-from harness.world.results import Timeouts
-from harness.world.torchrun import TorchrunWorld, check_backend
+from harness.world.torchrun import TorchrunWorld
 
 pytestmark = pytest.mark.dist
 
@@ -41,10 +44,10 @@ def faulty_world(request, nproc):
 
 
 def scenario(faults: list, config: dict | None = None, steps: int = 2, nproc: int = 2):
-    return scenario_from_dict({"name": faults[0]["kind"] if faults else "clean",
+    case = scenario_from_dict({"name": faults[0]["kind"] if faults else "clean",
                                "config": config or SMALL,
-                               "steps": [{"ranks": [20, 24]}] * steps,
-                               "faults": faults}).with_dp_size(nproc)
+                               "steps": [{"ranks": [20, 24]}] * steps, "faults": faults})
+    return with_dp_size(case, nproc)
 
 
 def gpu_memory_used_mib() -> int | None:
@@ -55,12 +58,17 @@ def gpu_memory_used_mib() -> int | None:
     return sum(int(v) for v in out.split())
 
 
+def worker_pids(world: TorchrunWorld) -> list[int]:
+    """The rank processes: torchrun's children."""
+    return [c.pid for c in psutil.Process(world._proc.pid).children(recursive=True)]
+
+
 def run_and_check_cleanup(world: TorchrunWorld, case):
     if not world.alive:
         world.start()
-    pids = world.worker_pids()
+    pids = worker_pids(world)
     start = time.monotonic()
-    result = world.run(case)
+    result = judge(world.run(case))
     elapsed = time.monotonic() - start
     assert elapsed < world.timeouts.step_deadline_s + 5.0 + GRACE_S, f"took {elapsed:.1f} s"
     if not world.alive:  # torn down after the failure: nothing of it may be left
@@ -121,7 +129,7 @@ def test_a_stock_microbatch_failure_is_a_named_hang_and_abortable_names_the_micr
         fault, config, nproc=faulty_world.nproc))
     assert abortable.ok, (verdicts(abortable), abortable.evidence)
     assert abortable.steps[0].records[0].error.describe().startswith(
-        "RuntimeError: Microbatch 0 of 2 failed")
+        "MicrobatchFailed: Microbatch 0 of 2 failed")
 
 
 def test_a_microbatch_fault_on_one_rank_is_named_there_and_times_out_its_peers(faulty_world):
@@ -137,7 +145,7 @@ def test_a_microbatch_fault_on_one_rank_is_named_there_and_times_out_its_peers(f
     result = run_and_check_cleanup(faulty_world, case)
     assert result.ok, (verdicts(result), result.evidence)
     records = result.steps[0].records
-    assert records[1].error.describe().startswith("RuntimeError: Microbatch 1 of 2 failed")
+    assert records[1].error.describe().startswith("MicrobatchFailed: Microbatch 1 of 2 failed")
     assert "CollectiveTimeout" in records[0].error.describe()
 
 
@@ -155,7 +163,9 @@ import sys, time
 from harness.world.torchrun import TorchrunWorld
 world = TorchrunWorld(2)
 world.start()
-print(" ".join(map(str, [world._proc.pid, *world.worker_pids()])), flush=True)
+import psutil
+workers = [c.pid for c in psutil.Process(world._proc.pid).children(recursive=True)]
+print(" ".join(map(str, [world._proc.pid, *workers])), flush=True)
 time.sleep(600)
 """
 

@@ -1,4 +1,4 @@
-"""The microbatch thread protocol (dbo-reference 5, 3.5-3.7, invariants 18-21, bugs 12.3/12.4)."""
+"""The microbatch thread protocol (docs/spec.md §5, invariants 18-21 of §8, bugs §7.3/§7.4)."""
 
 from __future__ import annotations
 
@@ -7,35 +7,35 @@ import time
 
 import pytest
 
-from harness.model.overlap import MicrobatchOverlap
+from harness.runtime.overlap import MicrobatchOverlap
 from harness.runtime.streams import CpuStreams
 from harness.runtime.ubatching import (
     THREAD_OVERLAP,
     MicrobatchHang,
+    MicrobatchThreads,
     UBatchContext,
-    UBatchRunner,
     current_context,
 )
 
 HANG_S = 0.5
 
 
-def make_runner(variant: str = "abortable", **kw) -> UBatchRunner:
+def make_runner(variant: str = "abortable", **kw) -> MicrobatchThreads:
     kw.setdefault("hang_timeout_s", HANG_S)
     kw.setdefault("poll_interval_s", 0.01)
     kw.setdefault("barrier_timeout_s", 5.0)
     kw.setdefault("join_timeout_s", 3.0)
-    return UBatchRunner(variant, **kw)
+    return MicrobatchThreads(variant, **kw)
 
 
-def start(runner: UBatchRunner, bodies):
+def start(runner: MicrobatchThreads, bodies):
     streams = CpuStreams()
     compute = streams.new_stream("compute")
     comm = streams.new_stream("comm")
     return runner.begin_run(bodies, streams, compute, comm)
 
 
-def run(runner: UBatchRunner, bodies):
+def run(runner: MicrobatchThreads, bodies):
     return start(runner, bodies)()
 
 
@@ -154,23 +154,19 @@ def test_the_thread_overlap_object_implements_the_protocol_for_the_calling_threa
     assert here == [1] and THREAD_OVERLAP.current_ubatch_id() == 0
 
 
-def test_yield_and_switch_moves_between_compute_and_comm_streams_with_event_joins(variant):
+def test_each_microbatch_runs_on_the_compute_stream_and_keeps_it_across_yields(variant):
+    # At capture the compute stream is the capture stream: every launch must land there.
     seen: list[tuple[int, str]] = []
 
     def body(ctx: UBatchContext) -> None:
-        seen.append((ctx.id, ctx.streams.current_stream().name))
-        ctx.yield_and_switch_to_comm()
-        seen.append((ctx.id, ctx.streams.current_stream().name))
-        ctx.yield_and_switch_to_compute()
+        for _ in range(2):
+            seen.append((ctx.id, ctx.streams.current_stream().name))
+            ctx.yield_()
         seen.append((ctx.id, ctx.streams.current_stream().name))
 
-    runner = make_runner(variant)
-    run(runner, [body, body])
+    run(make_runner(variant), [body, body])
     for i in (0, 1):
-        assert [s for j, s in seen if j == i] == ["compute", "comm", "compute"]
-    for ctx in runner.last_run_contexts:
-        assert ctx.compute_done.num_records == ctx.compute_done.num_waits == 1
-        assert ctx.comm_done.last_recorded_on == "comm"
+        assert [s for j, s in seen if j == i] == ["compute"] * 3
 
 
 def fails_after_one_yield_while_sibling_yields_twice(ctx: UBatchContext) -> None:
@@ -274,6 +270,6 @@ def test_a_second_begin_run_before_finishing_the_first_is_refused():
 
 def test_unknown_variants_and_single_microbatches_are_rejected():
     with pytest.raises(ValueError, match="unknown ubatching variant"):
-        UBatchRunner("fast")
+        MicrobatchThreads("fast")
     with pytest.raises(ValueError, match="at least 2"):
         start(make_runner(), [lambda ctx: 0])

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.check.judge import judge
 from harness.fuzz.engine import FUZZ_TIMEOUTS, Budget, fuzz
 from harness.fuzz.variants import SUT_VARIANTS
 from harness.scenario import load_scenario, scenario_from_dict
@@ -50,7 +51,7 @@ def test_the_differential_verdict_shows_vllm_and_the_reference_side_by_side():
                    "prefill_threshold": 32},
         "steps": [{"ranks": [32, 64]}, {"ranks": [40, 64]}]})
     with SimWorld(2, FUZZ_TIMEOUTS) as world:
-        result = world.run(scenario)
+        result = judge(world.run(scenario))
     step0 = {v.checker: v for v in result.steps[0].verdicts}
     assert not step0["differential"].ok
     assert "full-microbatched (reference: eager-microbatched)" in step0["differential"].detail
@@ -68,7 +69,7 @@ VLLM_SCENARIOS = sorted((Path(__file__).resolve().parents[1] / "scenarios" / "vl
 def test_each_finding_on_vllm_is_caught_and_clean_with_the_harness_deciding(path):
     scenario = load_scenario(path)
     with SimWorld(scenario.config.dp_size, FUZZ_TIMEOUTS) as world:
-        found = world.run(scenario)
-        clean = world.run(scenario.with_reference_behaviour())
+        found = judge(world.run(scenario))
+        clean = judge(world.run(scenario.with_reference_behaviour()))
     assert scenario.caught_by in [v.checker for _, v in found.failed_verdicts()]
     assert clean.ok, clean.failed_verdicts()

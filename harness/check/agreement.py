@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from harness.sut.step_plan import StepPlan
+from harness.history.decision import StepPlan
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Checkers: pure functions over every rank's records (and the reference) to verdicts.
 
-Each names the invariant it guards (dbo-reference 11), and on failure the rank(s) and the
+Each names the invariant it guards (docs/spec.md §8), and on failure the rank(s) and the
 first offending value, so a report says which input broke what where.
 """
 
@@ -12,11 +12,17 @@ from dataclasses import dataclass
 import torch
 
 from harness.check.agreement import first_disagreement
-from harness.check.records import Rows, StartupRecord, StepRecord
-from harness.sut.step_plan import StepPlan
+from harness.check.reference import ReferenceRows
+from harness.errors import ErrorOrigin
+from harness.history.decision import StepPlan
+from harness.history.records import Rows, StartupRecord, StepRecord
+from harness.history.step_error import StepError
+from harness.model.reference import mismatched_rows
 
 TOLERANCE = 1e-9
-HANG_ERRORS = ("MicrobatchHang", "RankHang")
+# What a rank with an injected fault may fail with: the fault, its kill, or the microbatch
+# runner's report of which microbatch it broke.
+NAMED_FAULT_ERRORS = ("InjectedFault", "RankKilled", "MicrobatchFailed")
 
 
 @dataclass(frozen=True)
@@ -27,18 +33,6 @@ class Verdict:
 
     def to_dict(self) -> dict[str, object]:
         return {"checker": self.checker, "ok": self.ok, "detail": self.detail}
-
-
-@dataclass(frozen=True)
-class ReferenceRows:
-    """The single-process reference for one step: per rank, real rows, the state cache and
-    the (source rank, token, expert) rows it must receive in the dispatch."""
-
-    outputs: tuple[Rows, ...]
-    states: tuple[Rows, ...]
-    routes: tuple[tuple[tuple[int, int, int], ...], ...]
-    # Per rank, the harness's own plan when another system decided (None: the harness did).
-    plans: tuple[StepPlan, ...] | None = None
 
 
 def _ok(name: str, detail: str = "") -> Verdict:
@@ -58,7 +52,7 @@ def check_liveness(records: Sequence[StepRecord | None], deadline_s: float) -> V
     if stuck:
         return _fail(name, f"ranks {stuck} still running after the {deadline_s:.1f} s deadline")
     for rec in records:
-        if rec.error is not None and rec.error.kind in HANG_ERRORS:
+        if rec.error is not None and rec.error.origin is ErrorOrigin.HANG:
             return _fail(name, f"rank {rec.rank} hung: {rec.error.describe()}")
         if rec.seconds > deadline_s:
             return _fail(name, f"rank {rec.rank} took {rec.seconds:.2f} s, over the "
@@ -68,8 +62,8 @@ def check_liveness(records: Sequence[StepRecord | None], deadline_s: float) -> V
 
 def check_errors(records: Sequence[StepRecord | None]) -> Verdict:
     """No rank failed, except where a fault was injected: there the faulty microbatch must be
-    named (RuntimeError "Microbatch i of k failed" caused by the injected fault), and the
-    peers may only time out in the collective it never joined."""
+    named (a MicrobatchFailed caused by the injected fault), and the peers may only time out
+    in the collective it never joined (or lose their process to torchrun)."""
     name = "errors"
     present = [r for r in records if r is not None]
     faulted = any(r.injected_fault for r in present)
@@ -83,25 +77,16 @@ def check_errors(records: Sequence[StepRecord | None]) -> Verdict:
             if not _names_the_fault(err):
                 return _fail(name, f"rank {rec.rank}: the injected fault surfaced as "
                              f"{err.describe()}")
-        elif not (_timed_out(err) or err.kind == "RankLost"):
+        elif err.origin not in (ErrorOrigin.TIMEOUT, ErrorOrigin.LOST):
             return _fail(name, f"rank {rec.rank} (a peer of the faulty rank): {err.describe()}")
     contained = [f"rank {r.rank} {r.error.kind}" for r in present if r.error is not None]
     return _ok(name, f"injected fault contained: {', '.join(contained)}" if contained else "")
 
 
-def _names_the_fault(err) -> bool:
-    """The fault itself, a killed rank, or a failed microbatch named by its id."""
-    if err.kind in ("InjectedFault", "RankKilled"):
-        return True
-    named = err.kind == "RuntimeError" and err.message.startswith("Microbatch ")
-    return named and (err.cause or "").startswith("InjectedFault")
-
-
-def _timed_out(err) -> bool:
-    """A collective the faulty rank never joined: timed out, or (NCCL) still holding the GPU
-    after its communicator was aborted."""
-    kinds = ("CollectiveTimeout", "DeviceWedged")
-    return err.kind in kinds or (err.cause or "").startswith(kinds)
+def _names_the_fault(err: StepError) -> bool:
+    """The fault itself, a killed rank, or the failed microbatch it caused, named by its id."""
+    return (err.origin in (ErrorOrigin.INJECTED, ErrorOrigin.KILLED)
+            and err.kind in NAMED_FAULT_ERRORS)
 
 
 def check_agreement(records: Sequence[StepRecord]) -> Verdict:
@@ -152,9 +137,9 @@ def check_no_empty_region(records: Sequence[StepRecord]) -> Verdict:
     name = "no_empty_region"
     for rec in records:
         plan = rec.plan
-        if plan is None or plan.kind != "full-microbatched":
+        if plan is None:
             continue
-        empty = [i for i, r in enumerate(plan.regions) if r.real_tokens == 0]
+        empty = list(plan.empty_regions())
         if empty:
             return _fail(name, f"rank {rec.rank} ({plan.real_tokens} real tokens) replays "
                          f"{plan.desc.label()} with no real token in region(s) {empty}")
@@ -163,14 +148,14 @@ def check_no_empty_region(records: Sequence[StepRecord]) -> Verdict:
 
 def _first_difference(got: Rows, want: Rows) -> int | None:
     """The first row index where `got` and `want` differ (or where one runs out)."""
-    n = min(len(got), len(want))
-    if n:
-        a = torch.tensor(got[:n], dtype=torch.float64)
-        b = torch.tensor(want[:n], dtype=torch.float64)
-        bad = ((a - b).abs() > TOLERANCE).any(dim=1).nonzero()
-        if len(bad):
-            return int(bad[0])
-    return None if len(got) == len(want) else n
+    bad = mismatched_rows(_tensor(got), _tensor(want), TOLERANCE)
+    if bad:
+        return bad[0]
+    return None if len(got) == len(want) else min(len(got), len(want))
+
+
+def _tensor(rows: Rows) -> torch.Tensor:
+    return torch.tensor(rows, dtype=torch.float64) if rows else torch.zeros(0, 0)
 
 
 def check_reference(records: Sequence[StepRecord], reference: ReferenceRows) -> Verdict:

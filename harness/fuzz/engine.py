@@ -26,13 +26,15 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.errors import Flaky, Unsatisfiable
 from hypothesis.reporting import with_reporter
 
+from harness.check.judge import ScenarioResult, judge
 from harness.fuzz import profiles  # noqa: F401 - registers the profiles by name
 from harness.fuzz.reduce import reduce_scenario
 from harness.fuzz.run_log import ExampleEntry, FindingEntry, VerdictEntry, append
 from harness.fuzz.variants import Variant
 from harness.gen.strategies import fuzz_configs, scenarios, steering
+from harness.history.scenario_history import ScenarioHistory
 from harness.scenario import Scenario
-from harness.world.results import ScenarioResult, Timeouts
+from harness.timeouts import Timeouts
 
 # Short bounds: a hang is found in seconds, and a failing example costs little to shrink.
 # A failure is only believed once it reproduces on a second run (see _Search.verdict).
@@ -122,7 +124,7 @@ def replay_command(path: str, world: str, world_flags: str = "") -> str:
 class _Search:
     """The mutable state of one search, seen by the Hypothesis test body."""
 
-    run: Callable[[Scenario], ScenarioResult]
+    run: Callable[[Scenario], ScenarioHistory]
     variant: Variant
     world: str
     budget: Budget
@@ -164,7 +166,7 @@ class _Search:
     def _judge(self, scenario: Scenario) -> ExampleVerdict:
         """One world run, logged, reduced to the checker that matters."""
         began = time.monotonic()
-        result = self.run(scenario)
+        result = judge(self.run(scenario))
         self.examples += 1
         if self.log_path is not None:
             append(self.log_path, _example_entry(self, scenario, result,
@@ -209,7 +211,7 @@ def database_key(variant: Variant, fixed: Mapping[str, Any], dp_sizes: tuple[int
     return hashlib.sha256(text.encode()).digest()
 
 
-def fuzz(variant: Variant, run: Callable[[Scenario], ScenarioResult], *, world: str,
+def fuzz(variant: Variant, run: Callable[[Scenario], ScenarioHistory], *, world: str,
          dp_sizes: tuple[int, ...], fixed: Mapping[str, Any] | None = None,
          budget: Budget = Budget(), profile: str = "dev", database: str | None = None,
          log_path: str | Path | None = None, scenario_dir: str | Path = ".harness/found",
@@ -255,7 +257,10 @@ def fuzz(variant: Variant, run: Callable[[Scenario], ScenarioResult], *, world: 
     except _CheckerFailed as exc:
         failure = exc
     except Flaky as exc:
-        note = f"flaky: a failing scenario passed on replay ({exc})"
+        # Name what each run raised, not only how many: the note is all a CI log keeps.
+        raised = "; ".join(f"{type(e).__name__}: {e}" for e in getattr(exc, "exceptions", ()))
+        note = f"flaky: a failure did not replay the same way ({exc}{': ' if raised else ''}"\
+               f"{raised})"
     except Unsatisfiable:
         note = "no legal scenario: the pinned fields exclude every draw"
     seconds = search.elapsed()
@@ -263,7 +268,8 @@ def fuzz(variant: Variant, run: Callable[[Scenario], ScenarioResult], *, world: 
         return FuzzOutcome(variant.name, world, False, None, "", None, search.examples,
                            seconds, None, None, None, None, note or "examples exhausted",
                            tuple(search.flaky))
-    minimal = reduce_scenario(search.last_failing, lambda s: search.fails_like(s, failure))
+    minimal = reduce_scenario(search.last_failing, lambda s: search.fails_like(s, failure),
+                              dp_sizes)
     # Saved as a regression scenario: the checker that must catch it, and the undo.
     shrunk = replace(minimal, caught_by=failure.verdict.checker,
                      reference_changes=variant.undo)

@@ -13,7 +13,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from harness.errors import ConfigError
-from harness.scenario import FaultKind
+from harness.faults import FaultKind
 
 
 @dataclass(frozen=True)

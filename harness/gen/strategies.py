@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from harness.batch import RankBatch
 from harness.config import All2AllBackend, CudaGraphMode, Guard, HarnessConfig, ubatching_fields
 from harness.errors import ConfigError
-from harness.scenario import Fault, FaultKind, RankStep, Scenario
+from harness.faults import Fault, FaultKind
+from harness.scenario import RankStep, Scenario
 from harness.sut.step_plan import plan_without_world
 from harness.sut.thresholds import last_region_start
 

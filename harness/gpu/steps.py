@@ -11,13 +11,15 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.check.records import StepRecord
 from harness.config import HarnessConfig
-from harness.model.moe import DTYPE, RequestSpec, initial_state
+from harness.history.decision import GraphDescriptor
+from harness.history.records import StepRecord
 from harness.model.reference import ReferenceStep, diff_against_reference, reference_step
+from harness.model.state import RequestSpec, initial_state
+from harness.model.weights import DTYPE
 from harness.scenario import RankStep, Scenario
-from harness.sut.descriptor import GraphDescriptor
 from harness.sut.rank_runtime import RankRuntime
+from harness.sut.step_loop import run_steps
 
 
 def one_rank_scenario(config: HarnessConfig, *steps: Sequence[int]) -> Scenario:
@@ -64,9 +66,9 @@ def run_checked(runtime: RankRuntime, scenario: Scenario, atol: float = 1e-9
     weights = runtime.model.weights.to("cpu")
     runtime.reset_state()
     states = [initial_state(config, runtime.rank)]
-    checked = []
-    for i, (requests, ranks) in enumerate(zip(scenario.requests(), scenario.steps,
-                                              strict=True)):
+
+    def checked(i: int, requests, ranks) -> CheckedStep:
+        nonlocal states
         record = runtime.step(i, requests[runtime.rank], ranks[runtime.rank])
         ref = reference_step(config, weights, requests, states)
         states = ref.states
@@ -74,8 +76,10 @@ def run_checked(runtime: RankRuntime, scenario: Scenario, atol: float = 1e-9
                                           [rows_tensor(record.state)], atol=atol)
         if record.error is not None:
             problems.insert(0, f"the step failed: {record.error.describe()}")
-        checked.append(CheckedStep(record, ref, tuple(problems)))
-    return checked
+        return CheckedStep(record, ref, tuple(problems))
+
+    # Every step is compared, failed or not: one rank has no peer left waiting on it.
+    return run_steps(scenario, checked, lambda _: True)
 
 
 def eager_rerun(runtime: RankRuntime, desc: GraphDescriptor,

@@ -2,7 +2,7 @@
 token by token, no microbatches, no process group, experts called directly.
 
 It knows nothing about slices or padding, so a distributed run that attributes a token to the
-wrong microbatch or request (12.1/12.2), loses or repeats a receive (12.3/12.4), or lets a
+wrong microbatch or request (spec §7.1/§7.2), loses or repeats a receive (spec §7.3/§7.4), or lets a
 padding row leak differs from it on a real row, a state row or a route.
 """
 
@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from harness.config import HarnessConfig
-from harness.model.moe import DTYPE, MoEWeights, RequestSpec, expert_mlp
+from harness.model.state import RequestSpec
+from harness.model.weights import DTYPE, MoEWeights, expert_mlp
 
 Route = tuple[int, int, int]  # (source rank, token index in that rank's step, expert)
 
@@ -82,6 +83,15 @@ def _moe(config: HarnessConfig, w: MoEWeights, hidden: torch.Tensor, rank: int,
     return out
 
 
+def mismatched_rows(got: torch.Tensor, want: torch.Tensor, atol: float) -> list[int]:
+    """Rows of `want` that `got` lacks or misses by more than `atol` in some column (NaN never
+    matches); rows of `got` past those of `want` are not looked at."""
+    n = min(got.shape[0], want.shape[0])
+    close = (torch.isclose(got[:n], want[:n], atol=atol, rtol=0).all(dim=1) if n
+             else torch.ones(0, dtype=torch.bool))
+    return (~close).nonzero().flatten().tolist() + list(range(n, want.shape[0]))
+
+
 def diff_against_reference(ref: ReferenceStep, outputs: Sequence[torch.Tensor],
                            states: Sequence[torch.Tensor], atol: float = 1e-9) -> list[str]:
     """Every real row and real state row that differs (per rank); an empty list is a match.
@@ -94,12 +104,10 @@ def diff_against_reference(ref: ReferenceStep, outputs: Sequence[torch.Tensor],
         if got.shape[0] < n:
             problems.append(f"rank {rank}: {got.shape[0]} output rows, {n} real tokens")
             continue
-        bad = ~torch.isclose(got[:n], want, atol=atol, rtol=0).all(dim=1)
-        problems += [f"rank {rank}: output row {i} differs" for i in bad.nonzero().flatten()
-                     .tolist()]
+        problems += [f"rank {rank}: output row {i} differs"
+                     for i in mismatched_rows(got, want, atol)]
     for rank, (want, got) in enumerate(zip(ref.states, states, strict=True)):
         real = want.shape[0] - 1  # the last row is the scratch slot
-        bad = ~torch.isclose(got[:real], want[:real], atol=atol, rtol=0).all(dim=1)
-        problems += [f"rank {rank}: state slot {s} differs" for s in bad.nonzero().flatten()
-                     .tolist()]
+        problems += [f"rank {rank}: state slot {s} differs"
+                     for s in mismatched_rows(got[:real], want[:real], atol)]
     return problems

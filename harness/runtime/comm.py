@@ -10,11 +10,15 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from harness.errors import ErrorOrigin
+
 POLL_S = 0.0002  # an all-to-all over sockets takes about 2 ms
 
 
 class CollectiveTimeout(RuntimeError):
     """A collective did not complete within its bound (a peer skipped it, died or is stuck)."""
+
+    origin = ErrorOrigin.TIMEOUT
 
 
 def is_capturing(tensor: torch.Tensor) -> bool:

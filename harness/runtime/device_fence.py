@@ -16,12 +16,16 @@ from typing import Protocol
 
 import torch
 
+from harness.errors import ErrorOrigin
+
 POLL_S = 0.0002
 
 
 class DeviceWedged(RuntimeError):
     """The rank's GPU work did not finish within its bound: a collective on it waits for a
     peer that never came. Only ending the process frees the device."""
+
+    origin = ErrorOrigin.TIMEOUT
 
 
 class _Event(Protocol):

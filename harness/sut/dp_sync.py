@@ -1,4 +1,4 @@
-"""The DP synchronisation of one step (dbo-reference section 4).
+"""The DP synchronisation of one step (docs/spec.md §1).
 
 Each rank writes its column of a small per-rank matrix, one SUM all-reduce on a CPU (gloo)
 group turns it into an all-gather, and every rank then derives the same decision from the
@@ -15,24 +15,14 @@ import torch
 
 from harness.batch import RankBatch
 from harness.config import CudaGraphMode, HarnessConfig
+from harness.history.decision import DpSyncState, GraphDescriptor
 from harness.runtime.comm import all_reduce_sum
-from harness.sut.descriptor import GraphDescriptor
 from harness.sut.graph_table import GraphTable
 from harness.sut.thresholds import guard_sends_to_eager, ubatch_thresholds_met
 
 # Rows of the gathered matrix; column r is rank r's contribution.
 ROW_TOKENS, ROW_CG_MODE, ROW_UCT, ROW_MAX_QUERY_LEN, ROW_ALLOW_UBATCH, ROW_NUM_REQS = range(6)
 NUM_ROWS = 6
-
-
-@dataclass(frozen=True)
-class DpSyncState:
-    """What the ranks agreed on; every field is identical on every rank by construction."""
-
-    num_tokens_across_dp: tuple[int, ...]
-    uniform_token_count: int | None
-    eager: bool
-    num_reqs: int
 
 
 @dataclass(frozen=True)
@@ -113,5 +103,9 @@ def sync_dp(group, config: HarnessConfig, table: GraphTable, rank: int, batch: R
 
 def gathered_rows(tables: Sequence[GraphTable], batches: Sequence[RankBatch]) -> list[list[int]]:
     """The matrix the all-reduce produces, computed directly from every rank's inputs."""
-    columns = [local_column(t, b) for t, b in zip(tables, batches, strict=True)]
+    return gather_columns([local_column(t, b) for t, b in zip(tables, batches, strict=True)])
+
+
+def gather_columns(columns: Sequence[Sequence[int]]) -> list[list[int]]:
+    """The gathered matrix from every rank's column, rank r in column r."""
     return [list(row) for row in zip(*columns, strict=True)]

@@ -1,4 +1,4 @@
-"""The graph manager (vLLM's CudaGraphManager, dbo-reference 2.8-2.10): capture and replay.
+"""The graph manager (vLLM's CudaGraphManager, docs/spec.md §6.2-6.3): capture and replay.
 
 Every FULL descriptor of the graph table is captured in vLLM's order, each after an eager
 warmup on the same persistent buffers; a microbatched one parks fresh threads outside the
@@ -14,19 +14,14 @@ from dataclasses import dataclass
 
 from harness.batch import dummy_query_lens
 from harness.config import CaptureOn, CudaGraphMode, HarnessConfig
-from harness.model.moe import (
-    MiniMoE,
-    RequestSpec,
-    StateCache,
-    StepBuffers,
-    UbatchMetadata,
-    prepare_microbatch,
-)
+from harness.history.decision import GraphDescriptor
+from harness.model.mini_moe import MiniMoE
+from harness.model.state import RequestSpec, StateCache
+from harness.model.step_buffers import StepBuffers, UbatchMetadata, prepare_microbatch
+from harness.model.ubatch_slice import UbatchSlice
 from harness.runtime.comm import CollectiveLog
-from harness.sut.descriptor import GraphDescriptor
 from harness.sut.graph_table import GraphTable
-from harness.sut.slicing import UbatchSlice
-from harness.sut.ubatch_runner import MicrobatchRunner
+from harness.sut.microbatch_runner import MicrobatchRunner
 
 Fingerprint = tuple[tuple[str, tuple[int, ...]], ...]
 

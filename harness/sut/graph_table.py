@@ -1,4 +1,4 @@
-"""Capture candidates, microbatch twins, capture order and dispatch (dbo-reference 2.4-2.6).
+"""Capture candidates, microbatch twins, capture order and dispatch (docs/spec.md §2.2).
 
 A `GraphTable` is what vLLM's CudaGraphManager decides before capturing anything: which
 descriptors get a graph, in which order they are captured, and which one serves a batch.
@@ -11,13 +11,15 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 
 from harness.config import CudaGraphMode, HarnessConfig, Twins
-from harness.sut.descriptor import GraphDescriptor, is_compatible
+from harness.history.decision import GraphDescriptor
+from harness.sut.descriptor import is_compatible
 from harness.sut.thresholds import guard_sends_to_eager, ubatch_thresholds_met
 
 
 def ubatch_twin(config: HarnessConfig, desc: GraphDescriptor,
                 decode_threshold: int | None = None) -> GraphDescriptor | None:
-    """The microbatched twin of a FULL descriptor, when one is eligible (dbo-reference 2.4)."""
+    """The microbatched twin of a FULL descriptor, when one is eligible (docs/spec.md §2.2
+    rule 1)."""
     if not config.use_ubatching or desc.cg_mode is not CudaGraphMode.FULL:
         return None
     if desc.num_reqs is None:
@@ -69,7 +71,7 @@ def _capture_candidates(config: HarnessConfig, rank: int) -> list[GraphDescripto
 
 
 def _specificity(desc: GraphDescriptor) -> tuple:
-    # Within one size, more specific descriptors are tried first (dbo-reference 2.5 step 6).
+    # Within one size, more specific descriptors are tried first (docs/spec.md §2.2 rule 5).
     return (desc.uniform_token_count is None, desc.max_query_len is None,
             desc.num_reqs is None, desc.num_reqs or 0)
 
@@ -144,5 +146,6 @@ class GraphTable:
         return n
 
     def unreachable_twins(self) -> tuple[GraphDescriptor, ...]:
-        """Twins captured for nothing: no legal batch ever dispatches to them (bug 12.5)."""
+        """Twins captured for nothing: no legal batch ever dispatches to them (docs/spec.md
+        §7.5)."""
         return tuple(t for t in self.twins if self.reaching_batch_size(t) is None)

@@ -13,28 +13,22 @@ from collections.abc import Sequence
 
 import torch
 
-from harness.check.records import (
-    GraphRecord,
-    StartupRecord,
-    StepRecord,
-    error_of,
-    span,
-)
 from harness.config import CudaGraphMode, HarnessConfig
-from harness.model.moe import MiniMoE, RequestSpec, StateCache, StepBuffers, initial_state
+from harness.faults import Fault, FaultKind, InjectedFault
+from harness.history.records import GraphRecord, StartupRecord, StepRecord, rows_of, span
+from harness.history.step_error import error_of
+from harness.model.mini_moe import MiniMoE
+from harness.model.state import RequestSpec, StateCache, initial_state
+from harness.model.step_buffers import StepBuffers
 from harness.runtime.comm import CollectiveLog, EagerAllToAll, LoggedAllToAll
 from harness.runtime.device_fence import DeviceFence, DeviceWedged
 from harness.runtime.graphs import make_graph_backend
 from harness.runtime.streams import CpuStreams, CudaStreams, make_streams
-from harness.scenario import Fault, FaultKind, InjectedFault, RankStep
+from harness.scenario import RankStep
 from harness.sut import systems
 from harness.sut.dp_sync import NUM_ROWS
 from harness.sut.graph_manager import GraphManager
-from harness.sut.ubatch_runner import MicrobatchRunner
-
-
-def _rows(t: torch.Tensor) -> tuple[tuple[float, ...], ...]:
-    return tuple(tuple(row) for row in t.tolist())
+from harness.sut.microbatch_runner import MicrobatchRunner
 
 
 class RankRuntime:
@@ -145,8 +139,8 @@ class RankRuntime:
             replay_split=tuple(span(s) for s in replay_split),
             fingerprint=fingerprint, routes=self._received_routes(ran, error is None),
             # A wedged device would block any read; its rows are left out.
-            outputs=() if wedged else _rows(outputs),
-            state=() if wedged else _rows(self.cache.state),
+            outputs=() if wedged else rows_of(outputs),
+            state=() if wedged else rows_of(self.cache.state),
             threads_alive=tuple(self.runner.alive_threads()),
             pending_run=self.runner.has_pending_run, error=error,
             injected_fault=bool(faults), seconds=time.monotonic() - start)

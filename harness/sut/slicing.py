@@ -1,4 +1,4 @@
-"""Splitting a padded step into microbatches (dbo-reference 1.2 and 3.3).
+"""Splitting a padded step into microbatches (docs/spec.md §4).
 
 Token regions are fixed by the padded size alone: k - 1 regions of `padded // k` tokens and a
 last one that absorbs the remainder and all padding. Request slices follow from where the
@@ -10,38 +10,11 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
-from dataclasses import dataclass
 from itertools import accumulate
 
 from harness.batch import dummy_query_lens
-from harness.sut.descriptor import GraphDescriptor
-
-
-@dataclass(frozen=True)
-class UbatchSlice:
-    req_start: int
-    req_stop: int
-    tok_start: int
-    tok_stop: int
-
-    @property
-    def num_tokens(self) -> int:
-        return self.tok_stop - self.tok_start
-
-    @property
-    def request_span(self) -> tuple[int, int]:
-        return (self.req_start, self.req_stop)
-
-    def is_empty(self) -> bool:
-        return self.req_stop <= self.req_start or self.tok_stop <= self.tok_start
-
-
-@dataclass(frozen=True)
-class Region:
-    """One microbatch region of one rank: its padded size and the real tokens inside it."""
-
-    tokens: int
-    real_tokens: int
+from harness.history.decision import GraphDescriptor, Region
+from harness.model.ubatch_slice import UbatchSlice
 
 
 def region_bounds(num_tokens_padded: int, num_ubatches: int) -> tuple[tuple[int, int], ...]:

@@ -1,33 +1,55 @@
-"""Which decision code a rank runs: the harness's miniature or the installed vLLM's.
+"""Which decision code a rank runs: the harness's miniature, or another system registered
+here (vLLM's, by `harness.vllm_sut`, which this package never imports).
 
 The rank code asks here for its graph table (what it captures) and for its step decision;
 everything else (the model, the protocol, the graphs, the checkers) stays the harness's.
-vLLM is imported only when a config asks for it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from harness.batch import RankBatch
 from harness.config import DecisionSystem, HarnessConfig
+from harness.errors import ConfigError
+from harness.history.decision import StepPlan
 from harness.sut.graph_table import GraphTable
-from harness.sut.step_plan import StepPlan, decide_on_rank, graph_table_for
+from harness.sut.step_plan import decide_on_rank, graph_table_for
+
+
+@dataclass(frozen=True)
+class DecisionCode:
+    """The two slots a system under test fills."""
+
+    graph_table: Callable[[HarnessConfig, int], GraphTable]
+    # (group, config, rank, batch, collective timeout) -> this rank's plan
+    decide: Callable[[object, HarnessConfig, int, RankBatch, float], StepPlan]
+
+
+_REGISTERED: dict[DecisionSystem, DecisionCode] = {
+    DecisionSystem.HARNESS: DecisionCode(graph_table_for, decide_on_rank)}
+
+
+def register(system: DecisionSystem, code: DecisionCode) -> None:
+    _REGISTERED[system] = code
+
+
+def _code(config: HarnessConfig) -> DecisionCode:
+    code = _REGISTERED.get(config.sut)
+    if code is None:
+        raise ConfigError("sut", f"no decision code is registered for {config.sut.value} in "
+                          "this process")
+    return code
 
 
 def graph_table(config: HarnessConfig, rank: int) -> GraphTable:
-    if config.sut is DecisionSystem.VLLM:
-        from harness.vllm_sut.candidates import vllm_capture_order
-
-        return GraphTable(config, rank, vllm_capture_order(config))
-    return graph_table_for(config, rank)
+    return _code(config).graph_table(config, rank)
 
 
 def decide(group, config: HarnessConfig, rank: int, batch: RankBatch,
            timeout_s: float) -> StepPlan:
-    if config.sut is DecisionSystem.VLLM:
-        from harness.vllm_sut.step_plan import vllm_decide_on_rank
-
-        return vllm_decide_on_rank(group, config, rank, batch, timeout_s)
-    return decide_on_rank(group, config, rank, batch, timeout_s)
+    return _code(config).decide(group, config, rank, batch, timeout_s)
 
 
 def reference_config(config: HarnessConfig) -> HarnessConfig | None:

@@ -18,7 +18,7 @@ from vllm.v1.worker.gpu import cudagraph_utils
 from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor, CudaGraphManager
 
 from harness.config import CudaGraphMode, HarnessConfig
-from harness.sut.descriptor import GraphDescriptor
+from harness.history.decision import GraphDescriptor
 from harness.vllm_sut.configs import vllm_configs
 
 # Construction patches two module globals for its duration; one construction at a time.

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from harness.batch import RankBatch
 from harness.config import HarnessConfig
-from harness.sut.step_plan import StepPlan, plan_step
+from harness.history.decision import StepPlan
+from harness.sut.step_plan import plan_step
 from harness.vllm_sut.sync import vllm_sync
 
 

@@ -21,8 +21,9 @@ from vllm.v1.worker.ubatch_utils import check_ubatch_thresholds
 
 from harness.batch import RankBatch
 from harness.config import HarnessConfig
+from harness.history.decision import DpSyncState
 from harness.runtime.comm import CollectiveTimeout
-from harness.sut.dp_sync import DpSyncState, SyncDecision
+from harness.sut.dp_sync import SyncDecision
 from harness.vllm_sut.candidates import to_harness, vllm_graph_manager
 from harness.vllm_sut.configs import vllm_configs
 

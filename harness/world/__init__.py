@@ -3,15 +3,16 @@
 
 from __future__ import annotations
 
+import harness.vllm_sut  # noqa: F401 - ranks with sut=vllm find vLLM's decision code
 from harness.errors import ConfigError
-from harness.world.results import DEFAULT_TIMEOUTS, Timeouts
+from harness.timeouts import DEFAULT_TIMEOUTS, Timeouts
 
 WORLDS = ("sim", "torchrun")
 
 
 def open_world(kind: str, nproc: int, backend: str = "gloo",
                timeouts: Timeouts = DEFAULT_TIMEOUTS, device: str | None = None):
-    """A world with `.run(scenario) -> ScenarioResult` and `.close() -> leftover pids`.
+    """A world with `.run(scenario) -> ScenarioHistory` and `.close() -> leftover pids`.
     `device` is where the ranks' tensors live (None: the backend's own, cuda for nccl);
     with gloo on CUDA the graphs are emulated."""
     if kind == "sim":

@@ -4,9 +4,10 @@ scenario on a world of its width, and every world is closed at the end."""
 from __future__ import annotations
 
 from harness.errors import ConfigError
+from harness.history.scenario_history import ScenarioHistory
 from harness.scenario import Scenario
+from harness.timeouts import Timeouts
 from harness.world import open_world
-from harness.world.results import ScenarioResult, Timeouts
 
 
 class WorldPool:
@@ -24,7 +25,7 @@ class WorldPool:
         if nproc is not None:
             self._open(nproc)  # bad input (backend, GPU count) is reported before any search
 
-    def run(self, scenario: Scenario) -> ScenarioResult:
+    def run(self, scenario: Scenario) -> ScenarioHistory:
         dp = scenario.config.dp_size
         world = self._worlds.get(dp) or self._open(dp)
         return world.run(scenario)

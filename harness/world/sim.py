@@ -1,5 +1,5 @@
 """The in-process world: N ranks as threads, each with a real gloo group, running the rank
-code of `harness.sut.rank_runtime` on scenarios; the driver judges the records.
+code of `harness.sut.rank_runtime` on scenarios, handing back each scenario's history.
 
 The world persists across scenarios, as the torchrun world does: its groups and each
 config's captured graphs are reused, so a fuzzer pays the capture once per config. After a
@@ -11,21 +11,16 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from harness.check.checkers import check_startup
-from harness.check.records import StartupRecord
 from harness.config import HarnessConfig
 from harness.errors import ConfigError
-from harness.scenario import FaultKind, Scenario
+from harness.faults import FaultKind
+from harness.history.records import StartupRecord, StepRecord
+from harness.history.scenario_history import ScenarioHistory, step_failed, steps_may_run
+from harness.scenario import Scenario
 from harness.sut.rank_runtime import RankRuntime
+from harness.sut.step_loop import run_steps
+from harness.timeouts import DEFAULT_TIMEOUTS, Timeouts
 from harness.world.collector import collector_paused
-from harness.world.results import (
-    DEFAULT_TIMEOUTS,
-    ScenarioResult,
-    Timeouts,
-    judge,
-    startup_lets_steps_run,
-    step_failed,
-)
 from harness.world.threads import ThreadWorld
 
 # Captured graph sets kept per world; the fuzzer's config space is small on purpose.
@@ -54,7 +49,7 @@ class SimWorld:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
-    def run(self, scenario: Scenario) -> ScenarioResult:
+    def run(self, scenario: Scenario) -> ScenarioHistory:
         if scenario.config.dp_size != self.nproc:
             raise ConfigError("dp_size", f"the scenario has {scenario.config.dp_size} ranks "
                               f"but this world has {self.nproc}")
@@ -65,28 +60,27 @@ class SimWorld:
         with collector_paused():
             return self._run(scenario)
 
-    def _run(self, scenario: Scenario) -> ScenarioResult:
+    def _run(self, scenario: Scenario) -> ScenarioHistory:
         world = self._world()
         runtimes, startup = self._captured(world, scenario.config)
-        steps = []
-        healthy = startup_lets_steps_run(check_startup(startup,
-                                                       self.timeouts.startup_deadline_s))
+        steps: list[tuple[StepRecord | None, ...]] = []
+        healthy = steps_may_run(startup)
         if healthy:
             for runtime in runtimes:
                 runtime.reset_state()
-            requests = scenario.requests()
-            for i, ranks in enumerate(scenario.steps):
+
+            def every_rank(i: int, requests, ranks) -> tuple[StepRecord | None, ...]:
                 records, _ = world.run_bounded(
-                    lambda rank, _g, i=i, ranks=ranks: runtimes[rank].step(
-                        i, requests[i][rank], ranks[rank], scenario.faults_at(i, rank)),
+                    lambda rank, _g: runtimes[rank].step(
+                        i, requests[rank], ranks[rank], scenario.faults_at(i, rank)),
                     self.timeouts.step_deadline_s + 5.0)
-                steps.append(records)
-                if step_failed(records):
-                    healthy = False
-                    break
+                return tuple(records)
+
+            steps = run_steps(scenario, every_rank, lambda records: not step_failed(records))
+            healthy = not (steps and step_failed(steps[-1]))
         if not healthy:
             self._discard()
-        return judge(scenario, startup, steps, self.timeouts)
+        return ScenarioHistory(scenario, self.timeouts, tuple(startup), tuple(steps))
 
     def close(self) -> list[int]:
         self._discard()
@@ -121,8 +115,3 @@ class SimWorld:
             self._threads.close()
             self._threads = None
 
-
-def run_scenario(scenario: Scenario, timeouts: Timeouts = DEFAULT_TIMEOUTS) -> ScenarioResult:
-    """One scenario on a fresh world of its own."""
-    with SimWorld(scenario.config.dp_size, timeouts) as world:
-        return world.run(scenario)

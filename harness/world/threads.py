@@ -16,6 +16,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from harness.errors import ErrorOrigin
 from harness.runtime.process_group import as_process_group
 
 _world_ids = itertools.count()
@@ -33,6 +34,8 @@ class RankFailure(RuntimeError):
 
 class RankHang(RuntimeError):
     """Ranks still running at the deadline; their threads are abandoned (daemon)."""
+
+    origin = ErrorOrigin.HANG
 
     def __init__(self, ranks: list[int], deadline_s: float) -> None:
         self.ranks = ranks

@@ -19,48 +19,26 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from harness.check.checkers import check_startup
-from harness.check.records import StartupRecord, StepError, StepRecord
-from harness.errors import ConfigError
-from harness.scenario import FaultKind, Scenario
+from harness.errors import ConfigError, ErrorOrigin
+from harness.faults import FaultKind
+from harness.history.records import StartupRecord, StepRecord
+from harness.history.scenario_history import ScenarioHistory, step_failed, steps_may_run
+from harness.history.step_error import StepError
+from harness.scenario import Scenario
+from harness.timeouts import DEFAULT_TIMEOUTS, Timeouts
+from harness.world.backends import check_backend
 from harness.world.control_server import ControlServer
-from harness.world.gpus import GpuLayout, pids_holding_gpu_memory, visible_gpus
-from harness.world.results import (
-    DEFAULT_TIMEOUTS,
-    ScenarioResult,
-    Timeouts,
-    judge,
-    startup_lets_steps_run,
-    step_failed,
-)
+from harness.world.evidence import rank_evidence
+from harness.world.gpus import pids_holding_gpu_memory
+from harness.world.processes import kill_all, package_pythonpath, wait_or_signal
 from harness.world.wire import CONTROL_KEY_ENV, Channel, ChannelClosed, new_control_key
 
 LAUNCH_TIMEOUT_S = 90.0  # torchrun start plus `import torch` in every worker
 STOP_TIMEOUT_S = 10.0
-STACKS_WAIT_S = 1.0  # for every rank to dump its stacks on SIGUSR1
 
 
 class WorldError(RuntimeError):
     """The world could not be started (torchrun failed, or workers never connected)."""
-
-
-def check_backend(backend: str, nproc: int, device: str | None = None) -> GpuLayout | None:
-    """One clear line for a world that cannot run here (no silent fallback, no skip); the
-    GPU layout of an NCCL world. `device` None means the backend's own: cuda for nccl."""
-    if backend not in ("gloo", "nccl"):
-        raise ConfigError("backend", f"unknown backend {backend!r} (gloo or nccl)")
-    device = device or ("cuda" if backend == "nccl" else "cpu")
-    if device not in ("cpu", "cuda"):
-        raise ConfigError("device", f"unknown device {device!r} (cpu or cuda)")
-    if nproc < 2:
-        raise ConfigError("nproc", f"is {nproc}; a DP world needs at least 2 ranks")
-    if backend == "nccl":
-        if device != "cuda":
-            raise ConfigError("device", "nccl runs on cuda; use --device cuda or gloo")
-        return GpuLayout(nproc, visible_gpus())
-    if device == "cuda" and visible_gpus() == 0:
-        raise ConfigError("device", "cuda: no GPU is visible here; use DEVICE=cpu")
-    return None
 
 
 class TorchrunWorld:
@@ -107,7 +85,7 @@ class TorchrunWorld:
                "--backend", self.backend, "--device", self.device,
                "--collective-timeout", str(self.timeouts.collective_s)]
         log = open(self._dir / "torchrun.log", "wb")  # noqa: SIM115 - closed with the world
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=_pythonpath(),
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=package_pythonpath(),
                    **{CONTROL_KEY_ENV: key.hex()})
         if self.launches == 0 and self.layout is not None:
             print(self.layout.describe(), file=sys.stderr, flush=True)
@@ -157,9 +135,9 @@ class TorchrunWorld:
             except ChannelClosed:
                 pass
         if self._proc is not None:
-            _wait_or(self._proc, 2.0, signal.SIGTERM)
-            _wait_or(self._proc, STOP_TIMEOUT_S, signal.SIGKILL)
-        survivors = _kill_all(list(self._pids.values()))
+            wait_or_signal(self._proc, 2.0, signal.SIGTERM)
+            wait_or_signal(self._proc, STOP_TIMEOUT_S, signal.SIGKILL)
+        survivors = kill_all(list(self._pids.values()))
         if self.device == "cuda":
             survivors += pids_holding_gpu_memory(list(self._pids.values()))
         for channel in self._channels.values():
@@ -170,12 +148,9 @@ class TorchrunWorld:
             self._dir = None
         return survivors
 
-    def worker_pids(self) -> list[int]:
-        return list(self._pids.values())
-
     # -- running scenarios -------------------------------------------------------------------
 
-    def run(self, scenario: Scenario) -> ScenarioResult:
+    def run(self, scenario: Scenario) -> ScenarioHistory:
         if scenario.config.dp_size != self.nproc:
             raise ConfigError("dp_size", f"the scenario has {scenario.config.dp_size} ranks "
                               f"but this world has {self.nproc}")
@@ -184,8 +159,7 @@ class TorchrunWorld:
         for channel in self._channels.values():
             channel.send(("run", scenario.to_dict(), asdict(self.timeouts)))
         startup, steps, evidence = self._collect(scenario)
-        failed = (any(r is None or r.error is not None for r in startup)
-                  or any(step_failed(s) for s in steps))
+        failed = not steps_may_run(startup) or any(step_failed(s) for s in steps)
         if evidence or failed:
             # A timed-out or broken collective leaves the groups unusable: fresh world next,
             # once every rank still alive has shown where it stands.
@@ -194,14 +168,16 @@ class TorchrunWorld:
             survivors = self.close()
             if survivors:
                 evidence += f"\nprocesses still alive after the kill: {survivors}"
-        return judge(scenario, startup, steps, self.timeouts, evidence)
+        return ScenarioHistory(scenario, self.timeouts, tuple(startup),
+                               tuple(tuple(s) for s in steps), evidence)
 
     def _collect(self, scenario: Scenario):
         n = self.nproc
         startup: list[StartupRecord | None] = [None] * n
         steps: list[list[StepRecord | None]] = []
         done: set[int] = set()
-        lost: dict[int, str] = {}
+        lost: dict[int, StepError] = {}
+        crashes: dict[int, str] = {}  # rank -> the traceback a crashing worker sent
         deadline = {r: time.monotonic() + self.timeouts.startup_deadline_s for r in range(n)}
         selector = selectors.DefaultSelector()
         for rank, channel in self._channels.items():
@@ -223,7 +199,7 @@ class TorchrunWorld:
                         message = key.fileobj.recv(timeout_s=self.timeouts.collective_s)
                     except (ChannelClosed, TimeoutError):
                         selector.unregister(key.fileobj)
-                        lost[rank] = self._why_lost(rank, scenario)
+                        lost[rank] = _lost_error(rank, scenario)
                         self._send_to_all(("next", False))  # the survivors stop after it
                         continue
                     deadline[rank] = time.monotonic() + self.timeouts.step_deadline_s + 5.0
@@ -242,7 +218,8 @@ class TorchrunWorld:
                         done.add(rank)
                     elif message[0] == "crash":
                         selector.unregister(key.fileobj)
-                        lost[rank] = f"crashed:\n{message[2]}"
+                        lost[rank] = StepError("RankLost", "crashed", None, ErrorOrigin.LOST)
+                        crashes[rank] = message[2]
                         self._send_to_all(("next", False))
         finally:
             selector.close()
@@ -250,12 +227,13 @@ class TorchrunWorld:
             return startup, steps, ""
         if startup_complete := all(r is not None for r in startup):
             self._record_lost(lost, steps)
-        evidence = "\n".join(f"rank {r} {why}" for r, why in sorted(lost.items()))
+        evidence = "\n".join(f"rank {r} {error.message}"
+                             + (f":\n{crashes[r]}" if r in crashes else "")
+                             for r, error in sorted(lost.items()))
         return startup, _up_to_first_failure(steps) if startup_complete else [], evidence
 
     def _send_go(self, startup) -> None:
-        go = startup_lets_steps_run(check_startup(startup, self.timeouts.startup_deadline_s))
-        self._send_to_all(("steps", go))
+        self._send_to_all(("steps", steps_may_run(startup)))
 
     def _send_to_all(self, message) -> None:
         for channel in self._channels.values():
@@ -264,64 +242,34 @@ class TorchrunWorld:
             except ChannelClosed:
                 pass  # a lost rank shows up in the collection loop
 
-    def _why_lost(self, rank: int, scenario: Scenario) -> str:
-        killed = any(f.kind is FaultKind.KILL_RANK and f.rank == rank for f in scenario.faults)
-        return ("was killed (injected kill_rank)" if killed
-                else "lost its process (ended by torchrun after a peer died, or crashed)")
-
-    def _record_lost(self, lost: dict[int, str], steps) -> None:
+    def _record_lost(self, lost: dict[int, StepError], steps) -> None:
         """A rank gone mid-scenario gets a failed record at the step it never finished."""
-        for rank, why in lost.items():
+        for rank, error in lost.items():
             index = next((i for i, s in enumerate(steps) if s[rank] is None), len(steps))
             if index == len(steps):
                 steps.append([None] * self.nproc)
-            killed = why.startswith("was killed")
-            error = StepError("RankKilled" if killed else "RankLost", why.splitlines()[0])
-            steps[index][rank] = StepRecord(
-                rank=rank, step=index, plan=None, executed="failed", captured_split=(),
-                replay_split=(), fingerprint=(), routes=(), outputs=(), state=(),
-                threads_alive=(), pending_run=False, error=error,
-                injected_fault=killed, seconds=0.0)
+            steps[index][rank] = StepRecord.failed(
+                rank, index, error, injected_fault=error.origin is ErrorOrigin.KILLED)
 
     def _hang_evidence(self, late: list[int], steps) -> str:
         return self._rank_evidence(f"ranks {late} missed their deadline at step "
                                    f"{max(len(steps) - 1, 0)}")
 
     def _rank_evidence(self, headline: str) -> str:
-        """Stacks of every rank (faulthandler) and the collective each was last in."""
-        stacks = {rank: self._dir / f"stacks-{rank}.txt" for rank in range(self.nproc)}
-        before = {rank: _size(path) for rank, path in stacks.items()}
-        asked = []
-        for rank, pid in self._pids.items():
-            try:
-                os.kill(pid, signal.SIGUSR1)
-                asked.append(rank)
-            except ProcessLookupError:
-                pass
-        # faulthandler writes from its signal handler, GIL or not; give it a moment.
-        deadline = time.monotonic() + STACKS_WAIT_S
-        while (time.monotonic() < deadline
-               and any(_size(stacks[r]) <= before[r] for r in asked)):
-            time.sleep(0.02)
-        time.sleep(0.05)  # the last lines of a dump that has begun
-        lines = [headline]
-        for rank in range(self.nproc):
-            trace = self._dir / f"collectives-{rank}.txt"
-            tail = trace.read_text().splitlines()[-2:] if trace.exists() else []
-            lines.append(f"rank {rank} trace tail: {' | '.join(tail) or 'none'}")
-        for rank in range(self.nproc):
-            stack = self._dir / f"stacks-{rank}.txt"
-            text = stack.read_text() if stack.exists() else ""
-            lines.append(f"--- rank {rank} stacks ---\n{text.strip() or '(none dumped)'}")
-        return "\n".join(lines)
+        return rank_evidence(headline, self._dir, self._pids, self.nproc)
 
     def _log_tail(self) -> str:
         log = self._dir / "torchrun.log" if self._dir else None
         return log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
 
 
-def _size(path: Path) -> int:
-    return path.stat().st_size if path.exists() else 0
+def _lost_error(rank: int, scenario: Scenario) -> StepError:
+    """Why a rank's channel closed: the scenario killed it, or its process went away."""
+    if any(f.kind is FaultKind.KILL_RANK and f.rank == rank for f in scenario.faults):
+        return StepError("RankKilled", "was killed (injected kill_rank)", None,
+                         ErrorOrigin.KILLED)
+    return StepError("RankLost", "lost its process (ended by torchrun after a peer died, or "
+                     "crashed)", None, ErrorOrigin.LOST)
 
 
 def _up_to_first_failure(steps):
@@ -330,40 +278,3 @@ def _up_to_first_failure(steps):
     return steps if first is None else steps[:first + 1]
 
 
-def _pythonpath() -> str:
-    root = str(Path(__file__).resolve().parents[2])
-    existing = os.environ.get("PYTHONPATH")
-    return f"{root}{os.pathsep}{existing}" if existing else root
-
-
-def _wait_or(proc: subprocess.Popen, timeout_s: float, sig: int) -> None:
-    try:
-        proc.wait(timeout=timeout_s)
-        return
-    except subprocess.TimeoutExpired:
-        pass
-    try:
-        os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        pass
-
-
-def _kill_all(pids: list[int]) -> list[int]:
-    """SIGKILL every pid still alive (workers run in their own sessions), then confirm."""
-    import psutil
-
-    alive = []
-    for pid in pids:
-        try:
-            proc = psutil.Process(pid)
-            proc.kill()
-            proc.wait(timeout=5)
-        except psutil.NoSuchProcess:
-            continue
-        except psutil.TimeoutExpired:
-            alive.append(pid)
-    return [pid for pid in alive if psutil.pid_exists(pid)]

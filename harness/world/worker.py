@@ -23,12 +23,14 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from harness.scenario import FaultKind, scenario_from_dict
+from harness.faults import FaultKind
+from harness.scenario import scenario_from_dict
 from harness.sut.rank_runtime import RankRuntime
+from harness.sut.step_loop import run_steps
+from harness.timeouts import Timeouts
 from harness.world import wire
 from harness.world.collector import collector_paused
 from harness.world.gpus import GpuLayout, shared_gpu_environment, visible_gpus
-from harness.world.results import Timeouts
 
 WATCHDOG_PERIOD_S = 0.5
 ARRIVAL_TIMEOUT_S = 60.0
@@ -146,19 +148,18 @@ class Worker:
         runtime.reset_state()
         self.channel.send(("startup", startup))
         # The driver says whether every rank's capture went well enough to run the steps.
-        go = self.channel.recv()
-        if go == ("steps", True):
-            requests = scenario.requests()
-            for i, ranks in enumerate(scenario.steps):
+        if self.channel.recv() == ("steps", True):
+
+            def this_rank(i: int, requests, ranks) -> None:
                 faults = scenario.faults_at(i, self.rank)
                 if any(f.kind is FaultKind.KILL_RANK for f in faults):
                     os.kill(os.getpid(), signal.SIGKILL)
-                record = runtime.step(i, requests[i][self.rank], ranks[self.rank], faults)
+                record = runtime.step(i, requests[self.rank], ranks[self.rank], faults)
                 self.channel.send(("step", i, record))
-                # Every rank stops after a step in which any rank failed, as in the sim
-                # world: a rank that went on alone would wait in the next sync for nobody.
-                if self.channel.recv() != ("next", True):
-                    break
+
+            # Every rank stops after a step in which any rank failed, as in the sim world:
+            # a rank that went on alone would wait in the next sync for nobody.
+            run_steps(scenario, this_rank, lambda _: self.channel.recv() == ("next", True))
         self.channel.send(("done",))
 
 

@@ -18,10 +18,12 @@ import sys
 import time
 from dataclasses import dataclass
 
-from harness.bench_detection import detection_rows, print_detection, random_seeds
+from harness.bench.detection import detection_rows, print_detection, random_seeds
+from harness.check.judge import judge
 from harness.scenario import Scenario, scenario_from_dict
-from harness.world.results import Timeouts
-from harness.world.torchrun import TorchrunWorld, _pythonpath
+from harness.timeouts import Timeouts
+from harness.world.processes import package_pythonpath
+from harness.world.torchrun import TorchrunWorld
 
 CONFIG = {"capture_sizes": [16, 32, 64], "max_num_reqs": 64, "max_num_batched_tokens": 64,
           "decode_threshold": 8, "prefill_threshold": 32}
@@ -59,7 +61,7 @@ def persistent(examples: list[Scenario]) -> tuple[Row, dict[str, float]]:
         worker_s = []
         start = time.perf_counter()
         for example in examples:
-            result = world.run(example)
+            result = judge(world.run(example))
             assert result.ok, result.failed_verdicts()
             records = result.steps[0].records
             worker_s.append(max(r.seconds for r in records))
@@ -75,16 +77,16 @@ def spawn_per_example(examples: list[Scenario]) -> Row:
     start = time.perf_counter()
     for example in examples:
         with TorchrunWorld(2, timeouts=Timeouts()) as world:
-            assert world.run(example).ok
+            assert judge(world.run(example)).ok
     return Row("fresh torchrun job per example", len(examples), time.perf_counter() - start)
 
 
 def collective_floor(iterations: int) -> Row:
     """The same collectives as a microbatched step, alone, in a 2-rank torchrun job."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           "-m", "harness.bench_floor", str(iterations)]
+           "-m", "harness.bench.floor", str(iterations)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
-                         env={**_env(), "PYTHONPATH": _pythonpath()})
+                         env={**_env(), "PYTHONPATH": package_pythonpath()})
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode or not lines:
         raise RuntimeError(f"floor job failed:\n{out.stdout[-2000:]}{out.stderr[-2000:]}")

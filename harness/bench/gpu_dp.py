@@ -2,7 +2,7 @@
 decode size, the eager microbatched step against the microbatched FULL replay with the real
 NCCL all-to-alls inside; the DP sync's cost; the time to start the world and capture.
 
-    python -m harness.bench_gpu_dp [--nproc 2] [--sizes 8,32,128,512] [--iters 30]
+    python -m harness.bench.gpu_dp [--nproc 2] [--sizes 8,32,128,512] [--iters 30]
 
 The driver launches `torchrun` on this module with `--rank`; every rank joins the group as
 the torchrun world's workers do (round-robin on the GPUs, sharing them when there are fewer
@@ -40,7 +40,7 @@ class RankTimes:
 def _rank_main(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
-    from harness.bench_gpu import timed
+    from harness.bench.gpu import timed
     from harness.config import HarnessConfig
     from harness.scenario import RankStep, Scenario
     from harness.sut import systems
@@ -94,7 +94,7 @@ def run_dp_bench(nproc: int, sizes: str, warmup: int, iters: int) -> list[RankTi
     root = str(Path(__file__).resolve().parents[1])
     with tempfile.TemporaryDirectory(prefix="dbo-bench-dp-") as out:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={nproc}", "--max-restarts=0", "-m", "harness.bench_gpu_dp",
+               f"--nproc-per-node={nproc}", "--max-restarts=0", "-m", "harness.bench.gpu_dp",
                "--rank", "--out", out, "--sizes", sizes, "--warmup", str(warmup),
                "--iters", str(iters), "--launched", repr(time.time())]
         env = dict(os.environ, OMP_NUM_THREADS="1",
@@ -130,7 +130,7 @@ def print_dp_table(ranks: list[RankTimes], layout: str, iters: int, file=sys.std
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.bench_gpu_dp", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m harness.bench.gpu_dp", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--sizes", default="8,32,128,512")
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rank:
         return _rank_main(args)
     from harness.errors import ConfigError
-    from harness.world.torchrun import check_backend
+    from harness.world.backends import check_backend
 
     try:
         layout = check_backend("nccl", args.nproc)

@@ -12,10 +12,11 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from harness.bench import CONFIG
+from harness.bench.throughput import CONFIG
 from harness.config import HarnessConfig
-from harness.model.moe import NUM_PROVENANCE_COLS
+from harness.model.comm_buffers import NUM_PROVENANCE_COLS
 from harness.runtime.comm import EagerAllToAll, all_reduce_sum
+from harness.sut.dp_sync import NUM_ROWS
 
 
 def main() -> int:
@@ -28,7 +29,7 @@ def main() -> int:
     width = config.hidden_size + NUM_PROVENANCE_COLS
     send = torch.zeros(rows, width, dtype=torch.float64)
     recv = torch.zeros_like(send)
-    matrix = torch.zeros(6, size, dtype=torch.int32)
+    matrix = torch.zeros(NUM_ROWS, size, dtype=torch.int32)
     exchange = EagerAllToAll(group, 30.0)
 
     def one_step() -> None:

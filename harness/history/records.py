@@ -1,7 +1,6 @@
-"""Step records: what each rank decided and did, as plain frozen data.
+"""Step and start-up records: what each rank decided and did, as plain frozen data.
 
-Checkers read only these (plus the reference); they never reach into a world. Tensors are
-stored as nested tuples of floats so a record is serialisable and hashable.
+Tensors are stored as nested tuples of floats so a record is serialisable and hashable.
 """
 
 from __future__ import annotations
@@ -9,22 +8,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from harness.sut.step_plan import StepPlan
+from harness.history.decision import StepPlan
+from harness.history.step_error import StepError
 
 Rows = tuple[tuple[float, ...], ...]
 Fingerprint = tuple[tuple[str, tuple[int, ...]], ...]
 Span = tuple[int, int, int, int]  # req_start, req_stop, tok_start, tok_stop
-
-
-@dataclass(frozen=True)
-class StepError:
-    kind: str  # exception type name
-    message: str
-    cause: str | None = None  # the chained exception, "Type: message"
-
-    def describe(self) -> str:
-        text = f"{self.kind}: {self.message}"
-        return f"{text} (caused by {self.cause})" if self.cause else text
+Route = tuple[int, int, int]  # (source rank, token, expert)
 
 
 @dataclass(frozen=True)
@@ -59,7 +49,7 @@ class StepRecord:
     captured_split: tuple[Span, ...]  # empty unless a graph was replayed
     replay_split: tuple[Span, ...]
     fingerprint: Fingerprint  # collectives this rank issued (or its graph replays)
-    routes: tuple[tuple[int, int, int], ...]  # (source rank, token, expert) received, sorted
+    routes: tuple[Route, ...]  # received in the dispatch, sorted
     outputs: Rows  # the real rows only
     state: Rows  # the whole per-request state cache after the step
     threads_alive: tuple[str, ...]
@@ -68,6 +58,15 @@ class StepRecord:
     injected_fault: bool
     seconds: float
 
+    @classmethod
+    def failed(cls, rank: int, step: int, error: StepError, *,
+               injected_fault: bool = False) -> StepRecord:
+        """The record of a rank that never reported the step (its process is gone)."""
+        return cls(rank=rank, step=step, plan=None, executed="failed", captured_split=(),
+                   replay_split=(), fingerprint=(), routes=(), outputs=(), state=(),
+                   threads_alive=(), pending_run=False, error=error,
+                   injected_fault=injected_fault, seconds=0.0)
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         plan = self.plan
@@ -75,6 +74,8 @@ class StepRecord:
             "kind": plan.kind, "graph": plan.desc.label(), "num_tokens": plan.num_tokens,
             "num_reqs": plan.num_reqs,
             "regions": [[r.tokens, r.real_tokens] for r in plan.regions]}
+        if self.error is not None:
+            data["error"]["origin"] = self.error.origin.value
         for bulky in ("outputs", "state", "routes"):
             data.pop(bulky)
         return data
@@ -84,7 +85,6 @@ def span(sl) -> Span:
     return (sl.req_start, sl.req_stop, sl.tok_start, sl.tok_stop)
 
 
-def error_of(exc: BaseException) -> StepError:
-    cause = exc.__cause__
-    return StepError(type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "",
-                     None if cause is None else f"{type(cause).__name__}: {cause}")
+def rows_of(tensor) -> Rows:
+    """A tensor's rows as nested tuples of floats."""
+    return tuple(tuple(row) for row in tensor.tolist())

@@ -6,12 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from harness.check.exhaustive import explore
 from harness.config import HarnessConfig
 from harness.fuzz.engine import Budget, fuzz
 from harness.fuzz.variants import Variant
-from harness.gen.exhaustive import explore
+from harness.history.scenario_history import ScenarioHistory
 from harness.scenario import Scenario
-from harness.world.results import ScenarioResult
 
 # The world checkers that show each class of the enumeration (a plan disagreement on the
 # twins shows at capture, before any step runs).
@@ -30,7 +30,7 @@ class CrossCheck:
         return tuple(c for c in self.enumerated if self.found.get(c) is None)
 
 
-def cross_check(config: HarnessConfig, run: Callable[[Scenario], ScenarioResult], *,
+def cross_check(config: HarnessConfig, run: Callable[[Scenario], ScenarioHistory], *,
                 world: str, max_tokens: int, budget: Budget,
                 seed: int | None = None) -> CrossCheck:
     enumerated = tuple(c.checker for c in explore(config, max_tokens).counterexamples)

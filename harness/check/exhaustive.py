@@ -16,8 +16,9 @@ from harness.batch import RankBatch
 from harness.check.agreement import first_disagreement
 from harness.config import HarnessConfig
 from harness.errors import ConfigError
-from harness.sut.dp_sync import decide_from_matrix, local_column
-from harness.sut.step_plan import StepPlan, graph_table_for, plan_step
+from harness.history.decision import StepPlan
+from harness.sut.dp_sync import decide_from_matrix, gather_columns, local_column
+from harness.sut.step_plan import graph_table_for, plan_step
 
 
 @dataclass(frozen=True)
@@ -53,12 +54,11 @@ def structural_failures(plans: list[StepPlan]) -> list[tuple[str, str]]:
     if disagreement is not None:
         failures.append(("agreement", disagreement.describe()))
     for plan in plans:
-        if plan.kind == "full-microbatched":
-            empty = [i for i, r in enumerate(plan.regions) if r.real_tokens == 0]
-            if empty:
-                failures.append(("no_empty_region", f"rank {plan.rank} replays "
-                                 f"{plan.desc.label()} with empty region(s) {empty}"))
-                break
+        empty = list(plan.empty_regions())
+        if empty:
+            failures.append(("no_empty_region", f"rank {plan.rank} replays "
+                             f"{plan.desc.label()} with empty region(s) {empty}"))
+            break
     return failures
 
 
@@ -80,8 +80,7 @@ def explore(config: HarnessConfig, max_tokens: int) -> ExhaustiveResult:
     vectors = 0
     for tokens in token_vectors(config, limit):
         vectors += 1
-        rows = [list(row) for row in zip(*(columns[r][n] for r, n in enumerate(tokens)),
-                                         strict=True)]
+        rows = gather_columns([columns[r][n] for r, n in enumerate(tokens)])
         plans = [plan_step(rank, batches[n],
                            decide_from_matrix(config, tables[rank], rows, batches[n]))
                  for rank, n in enumerate(tokens)]

@@ -1,4 +1,5 @@
-"""The microbatch runner (vLLM's UBatchRunner, dbo-reference 3): prepare, then a two-phase run.
+"""The microbatch runner (vLLM's UBatchRunner; docs/spec.md §4.3-4.4, §5.1): prepare, then a
+two-phase run.
 
 `begin_capturable_run` starts the microbatch threads, sets them up and parks them at the ready
 barrier, all outside any graph; the `finish` it returns only wakes microbatch 0 and joins, so
@@ -13,17 +14,13 @@ from dataclasses import dataclass
 import torch
 
 from harness.config import HarnessConfig
-from harness.model.moe import (
-    Microbatch,
-    MiniMoE,
-    StateCache,
-    StepBuffers,
-    UbatchMetadata,
-    prepare_microbatch,
-)
-from harness.runtime.ubatching import UBatchContext, UBatchRunner
-from harness.scenario import Fault, FaultKind, InjectedFault
-from harness.sut.slicing import UbatchSlice, clamped_ubatch_slices
+from harness.faults import Fault, FaultKind, InjectedFault
+from harness.model.mini_moe import MiniMoE
+from harness.model.state import StateCache
+from harness.model.step_buffers import Microbatch, StepBuffers, UbatchMetadata, prepare_microbatch
+from harness.model.ubatch_slice import UbatchSlice
+from harness.runtime.ubatching import MicrobatchThreads, UBatchContext
+from harness.sut.slicing import clamped_ubatch_slices
 
 
 @dataclass(frozen=True)
@@ -69,8 +66,8 @@ class MicrobatchRunner:
                       for _ in range(self.num_ubatches)]
         self.comm_stream = streams.new_stream("ubatch-comm")
         self.capture_stream = streams.new_stream("ubatch-capture")
-        self.threads = UBatchRunner(config.protocol.value, hang_timeout_s=hang_timeout_s,
-                                    barrier_timeout_s=hang_timeout_s)
+        self.threads = MicrobatchThreads(config.protocol.value, hang_timeout_s=hang_timeout_s,
+                                         barrier_timeout_s=hang_timeout_s)
         self._pending_finish: Callable[[], None] | None = None
 
     @property

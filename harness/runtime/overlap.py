@@ -1,4 +1,4 @@
-"""How the MoE layer hands control to sibling microbatches (dbo-reference 5 and 7).
+"""How the MoE layer hands control to sibling microbatches (docs/spec.md §5.2 and §5.4).
 
 The layer only talks to this interface: run the receive a sibling left for me, leave my own
 receive for the next microbatch, yield. `NoOverlap` is the non-microbatched case, where a

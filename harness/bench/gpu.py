@@ -1,4 +1,4 @@
-"""`python -m harness.bench_gpu`: the miniature MoE on the single-rank GPU world, at decode
+"""`python -m harness.bench.gpu`: the miniature MoE on the single-rank GPU world, at decode
 sizes, four ways, and the graph pool memory each capture takes. One table.
 
 Per decode size n (n single-token requests, the step padded to the capture size n):
@@ -34,15 +34,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness import bench_gpu_dp
+from harness.bench import gpu_dp
 from harness.gpu.world import (
     open_single_rank_gpu_world,
     single_rank_config,
     single_rank_cpu_group,
 )
-from harness.model.moe import prepare_microbatch
+from harness.history.decision import GraphDescriptor
+from harness.model.step_buffers import prepare_microbatch
 from harness.scenario import RankStep, Scenario
-from harness.sut.descriptor import GraphDescriptor
 from harness.sut.rank_runtime import RankRuntime
 
 SIZES = (8, 16, 32, 64, 128, 256, 512)
@@ -252,7 +252,7 @@ def print_table(rows: list[SizeRow], waste: TwinWaste | None, how: str, device: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.bench_gpu", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m harness.bench.gpu", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)))
     parser.add_argument("--warmup", type=int, default=5)
@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dp_nproc and args.device == "cuda":
         print()
         sys.stdout.flush()
-        return bench_gpu_dp.main(["--nproc", str(args.dp_nproc), "--sizes", args.dp_sizes,
+        return gpu_dp.main(["--nproc", str(args.dp_nproc), "--sizes", args.dp_sizes,
                                   "--warmup", str(args.warmup), "--iters", str(args.iters)])
     return 0
 

@@ -1,0 +1,51 @@
+"""The judge: a world's history of one scenario through every checker, once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.check.checkers import Verdict, check_startup, check_step
+from harness.check.reference import reference_rows
+from harness.history.records import StartupRecord, StepRecord
+from harness.history.scenario_history import ScenarioHistory
+from harness.scenario import Scenario
+
+
+@dataclass(frozen=True)
+class StepResult:
+    records: tuple[StepRecord | None, ...]  # None: the rank was still running at the deadline
+    verdicts: tuple[Verdict, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(v.ok for v in self.verdicts)
+
+
+@dataclass(frozen=True)
+class ScenarioResult:
+    scenario: Scenario
+    startup: tuple[StartupRecord | None, ...]
+    startup_verdicts: tuple[Verdict, ...]
+    steps: tuple[StepResult, ...]
+    evidence: str = ""  # stacks and last collectives of a hung or crashed world
+
+    @property
+    def ok(self) -> bool:
+        return all(v.ok for v in self.startup_verdicts) and all(s.ok for s in self.steps)
+
+    def failed_verdicts(self) -> list[tuple[int | None, Verdict]]:
+        out = [(None, v) for v in self.startup_verdicts if not v.ok]
+        for i, step in enumerate(self.steps):
+            out += [(i, v) for v in step.verdicts if not v.ok]
+        return out
+
+
+def judge(history: ScenarioHistory) -> ScenarioResult:
+    references = reference_rows(history.scenario)
+    deadlines = history.timeouts
+    startup_verdicts = tuple(check_startup(history.startup, deadlines.startup_deadline_s))
+    results = tuple(StepResult(records, tuple(check_step(records, references[i],
+                                                          deadlines.step_deadline_s)))
+                    for i, records in enumerate(history.steps))
+    return ScenarioResult(history.scenario, history.startup, startup_verdicts, results,
+                          history.evidence)

@@ -1,0 +1,31 @@
+"""Faults a scenario injects into the system under test (the nemesis), as plain data."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from harness.errors import ErrorOrigin
+
+
+class FaultKind(enum.Enum):
+    RAISE_IN_UBATCH = "raise_in_ubatch"  # the microbatch raises after its first yield
+    RETURN_WITHOUT_YIELDING = "return_without_yielding"  # the microbatch skips its MoE layer
+    SKIP_SYNC = "skip_sync"  # the rank skips the DP sync all-reduce
+    SLOW_RANK = "slow_rank"  # the rank sleeps `seconds` before the step
+    KILL_RANK = "kill_rank"  # the rank's process is killed mid-step (torchrun world only)
+
+
+class InjectedFault(RuntimeError):
+    """The error a scenario's fault makes a rank or a microbatch raise."""
+
+    origin = ErrorOrigin.INJECTED
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: FaultKind
+    rank: int
+    step: int
+    ubatch: int = 0
+    seconds: float = 0.0

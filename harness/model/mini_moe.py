@@ -1,0 +1,218 @@
+"""A miniature MoE step: attention-lite over a per-request state cache, a top-k router and
+experts sharded over the DP ranks, with dispatch/combine as fixed-size all-to-alls.
+
+Every op of `MiniMoE.forward` is a tensor op on buffers of fixed shape (no `.item()`, no
+branching on values), so a graph can capture it; a microbatch is a token slice plus a request
+slice with its own query_start_loc/seq_lens buffers (docs/spec.md §4.4, §5.4).
+
+How the known bugs (docs/spec.md §7) show:
+- §7.1/§7.2 (replay with the captured request split): token -> request comes from the
+  microbatch's query_start_loc, request -> slot from its slot_ids view, and each token reads
+  its request's state plus the causal prefix; a split that disagrees with the metadata puts
+  tokens into a neighbour's slot (double count), drops them (missed) or mis-scales positions.
+- §7.3/§7.4 (a receive hook dropped or a sibling gone): the receive is never waited, so the
+  peers' bounded wait raises CollectiveTimeout, or the output rows keep stale contents.
+- §7.5/§7.6 (unreachable or re-captured twins) cost buffers, not rows: `reserved_buffers()`.
+- §7.7 (asymmetric all-to-all): one rank's dispatch without its peers times out, bounded.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import torch
+
+from harness.config import All2AllBackend, HarnessConfig
+from harness.model.comm_buffers import (
+    EXPERT_COL,
+    NUM_PROVENANCE_COLS,
+    SRC_COL,
+    TOK_COL,
+    CommBuffers,
+    DispatchHandle,
+)
+from harness.model.state import StateCache
+from harness.model.step_buffers import Microbatch
+from harness.model.weights import DTYPE, MoEWeights, expert_mlp
+from harness.runtime.overlap import MicrobatchOverlap, NoOverlap
+
+Wait = Callable[[], None]
+# Issue `out <- all_to_all(inp)` with equal splits and return how to wait for it.
+AllToAll = Callable[[torch.Tensor, torch.Tensor], Wait]
+
+
+class MiniMoE:
+    """One attention-lite + MoE layer on rank `rank`, which owns experts [rank*E, (rank+1)*E).
+
+    Everything it allocates (weights, comm buffers, temporaries) lives on `device`; by
+    default the device of `weights` when given, else the CPU."""
+
+    def __init__(self, config: HarnessConfig, rank: int, all_to_all: AllToAll,
+                 weights: MoEWeights | None = None,
+                 device: torch.device | str | None = None) -> None:
+        self.config = config
+        self.rank = rank
+        self.all_to_all = all_to_all
+        if device is None:
+            device = weights.device if weights is not None else "cpu"
+        self.device = torch.device(device)
+        self.weights = (weights.to(self.device) if weights is not None
+                        else MoEWeights.build(config, device=self.device))
+        self.hidden_size = config.hidden_size
+        self.top_k = config.top_k
+        self.peers = config.dp_size
+        self.experts_per_rank = config.experts_per_rank
+        self.width = self.hidden_size + NUM_PROVENANCE_COLS
+        # DeepEP low-latency style: a fixed max tokens per rank, so every rank sends the same
+        # sizes whatever its own batch (an idle or unpadded rank included).
+        self.capacity = config.max_num_batched_tokens * config.top_k
+        self.blocking_all_to_all = config.all2all_backend is All2AllBackend.HIGH_THROUGHPUT
+        self._buffers: dict[tuple[int, int], CommBuffers] = {}
+        self._lock = threading.Lock()
+
+    # -- buffers ---------------------------------------------------------------------------
+
+    def reserve(self, ubatch_id: int, num_tokens: int) -> CommBuffers:
+        """The comm buffers of microbatch `ubatch_id` at `num_tokens` (allocated on first use;
+        call before a capture so the capture allocates nothing)."""
+        key = (ubatch_id, num_tokens)
+        with self._lock:
+            if key not in self._buffers:
+                self._buffers[key] = CommBuffers.allocate(self.peers, self.capacity, self.width,
+                                                          self.device)
+            return self._buffers[key]
+
+    def reserved_buffers(self) -> dict[tuple[int, int], CommBuffers]:
+        with self._lock:
+            return dict(self._buffers)
+
+    def received_routes(self, ubatch_id: int, num_tokens: int) -> list[tuple[int, int, int]]:
+        """(source rank, token index, expert) of every row the last dispatch delivered here.
+        Reads the buffers on the host: for checks after a step, never inside one."""
+        bufs = self.reserve(ubatch_id, num_tokens)
+        recv = bufs.dispatch_recv.view(bufs.peers, bufs.capacity + 1, self.width).cpu()
+        routes = []
+        for block in recv:
+            count = int(block[0, 0].item())
+            for row in block[1:1 + count, self.hidden_size:].to(torch.int64).tolist():
+                routes.append((row[SRC_COL], row[TOK_COL], row[EXPERT_COL]))
+        return routes
+
+    # -- forward ---------------------------------------------------------------------------
+
+    def forward(self, mb: Microbatch, cache: StateCache,
+                overlap: MicrobatchOverlap | None = None) -> None:
+        """Run the microbatch and write its rows into `mb.output`; updates `cache` in place."""
+        overlap = overlap if overlap is not None else NoOverlap(mb.ubatch_id)
+        with torch.no_grad():
+            hidden, real = self.attention(mb, cache)
+            topk_weights, topk_ids = self.route(hidden, real)
+            handle, expert_in = self._prepare(hidden, topk_ids, mb.tok_start, overlap)
+            expert_out = self._experts(expert_in, handle.buffers)
+            moe_out = self._finalize(expert_out, handle, topk_weights, overlap)
+            mb.output.copy_(hidden + moe_out)
+
+    def attention(self, mb: Microbatch, cache: StateCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """Causal attention-lite: each real token reads its request's cached state plus the
+        embeddings of the request's earlier tokens in this slice, scaled by the position the
+        metadata implies; then the request's state absorbs its tokens' embeddings."""
+        w = self.weights
+        num_tokens, num_reqs = mb.input_ids.shape[0], mb.slot_ids.shape[0]
+        qsl = mb.query_start_loc
+        tok = torch.arange(num_tokens, device=mb.input_ids.device)
+        req = torch.searchsorted(qsl[1:], tok, right=True)
+        req_c = req.clamp(max=num_reqs - 1)
+        start = qsl[req_c]
+        real = (req < num_reqs) & (tok >= start) & ~mb.is_padding
+        slot = torch.where(real, mb.slot_ids[req_c], cache.scratch_slot)
+        emb = w.embedding[mb.input_ids]
+        contrib = emb * real.unsqueeze(1)
+        before = contrib.cumsum(0) - contrib
+        prefix = before - before[start.clamp(max=num_tokens - 1)]
+        context = cache.state[slot] + prefix
+        implied_pos = mb.seq_lens[req_c] - (qsl[req_c + 1] - tok)
+        scale = 1.0 / (implied_pos.clamp(min=0).to(DTYPE) + 1.0)
+        hidden = (emb + torch.sin(mb.positions.to(DTYPE).unsqueeze(1) * w.pos_freq)
+                  + torch.tanh((context @ w.state_proj) * scale.unsqueeze(1)))
+        cache.state.index_add_(0, slot, contrib)
+        return hidden, real
+
+    def route(self, hidden: torch.Tensor, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-k over all experts; non-real tokens get expert -1 and weight 0 (never sent)."""
+        logits = hidden @ self.weights.router
+        values, ids = logits.topk(self.top_k, dim=-1)
+        weights = torch.softmax(values, dim=-1) * real.unsqueeze(1)
+        return weights, torch.where(real.unsqueeze(1), ids, -1)
+
+    def _prepare(self, hidden: torch.Tensor, topk_ids: torch.Tensor, tok_start: int,
+                 overlap: MicrobatchOverlap) -> tuple[DispatchHandle, torch.Tensor]:
+        overlap.maybe_run_recv_hook()
+        num_tokens, k, h = hidden.shape[0], self.top_k, self.hidden_size
+        bufs = self.reserve(overlap.current_ubatch_id(), num_tokens)
+        ids = topk_ids.reshape(-1)
+        routed = ids >= 0
+        dest = ids.clamp(min=0) // self.experts_per_rank
+        # A comparison, not F.one_hot: one_hot range-checks its input on the host.
+        peers = torch.arange(self.peers, device=ids.device)
+        onehot = ((dest.unsqueeze(1) == peers) & routed.unsqueeze(1)).long()
+        pos = (onehot.cumsum(0) - 1).gather(1, dest.unsqueeze(1)).squeeze(1)
+        flat = torch.where(routed, dest * (bufs.capacity + 1) + 1 + pos, bufs.rows)
+        token_index = (torch.arange(num_tokens, device=ids.device) + tok_start
+                       ).repeat_interleave(k)
+        payload = torch.cat([hidden.repeat_interleave(k, 0),
+                             torch.full((num_tokens * k, 1), float(self.rank), dtype=DTYPE,
+                                        device=hidden.device),
+                             token_index.to(DTYPE).unsqueeze(1),
+                             ids.to(DTYPE).unsqueeze(1)], dim=1)
+        send = bufs.dispatch_send
+        send.zero_()
+        send.index_copy_(0, flat, payload)
+        blocks = send[:bufs.rows].view(bufs.peers, bufs.capacity + 1, self.width)
+        blocks[:, 0, 0].copy_(onehot.sum(0).to(DTYPE))
+        self._exchange(bufs.dispatch_recv, send[:bufs.rows], overlap)
+        # Receiver: the delivered rows as expert inputs (read after the hook has run).
+        recv = bufs.dispatch_recv.view(bufs.peers, bufs.capacity + 1, self.width)
+        return DispatchHandle(flat, bufs), recv[:, 1:, :h]
+
+    def _exchange(self, out: torch.Tensor, inp: torch.Tensor,
+                  overlap: MicrobatchOverlap) -> None:
+        """One all-to-all, overlapped the way the configured backend does it."""
+        if self.blocking_all_to_all:
+            # High throughput: let the sibling queue its compute, then a blocking exchange.
+            overlap.yield_()
+            self.all_to_all(out, inp)()
+            return
+        # Low latency: send now; the next microbatch runs the receive before it reads.
+        overlap.register_recv_hook(self.all_to_all(out, inp))
+        overlap.yield_()
+
+    def _experts(self, expert_in: torch.Tensor, bufs: CommBuffers) -> torch.Tensor:
+        """Local experts over the batched [P, C, H] receive; rows past a block's count or
+        addressed to another rank's expert contribute nothing."""
+        recv = bufs.dispatch_recv.view(bufs.peers, bufs.capacity + 1, self.width)
+        counts = recv[:, 0, 0]
+        slots = torch.arange(bufs.capacity, dtype=DTYPE, device=counts.device)
+        present = slots.unsqueeze(0) < counts.unsqueeze(1)
+        local = recv[:, 1:, self.hidden_size + EXPERT_COL] - self.rank * self.experts_per_rank
+        x = expert_in.reshape(-1, self.hidden_size)
+        out = torch.zeros_like(x)
+        first = self.rank * self.experts_per_rank
+        for e in range(self.experts_per_rank):
+            mask = (present & (local == e)).reshape(-1, 1)
+            out += mask * expert_mlp(x, self.weights.w1[first + e], self.weights.w2[first + e])
+        return out.view(bufs.peers, bufs.capacity, self.hidden_size)
+
+    def _finalize(self, expert_out: torch.Tensor, handle: DispatchHandle,
+                  topk_weights: torch.Tensor, overlap: MicrobatchOverlap) -> torch.Tensor:
+        overlap.maybe_run_recv_hook()
+        bufs = handle.buffers
+        send = bufs.combine_send
+        send.copy_(bufs.dispatch_recv)  # counts and provenance travel back unchanged
+        send.view(bufs.peers, bufs.capacity + 1, self.width)[:, 1:, :self.hidden_size].copy_(
+            expert_out)
+        self._exchange(bufs.combine_recv[:bufs.rows], send, overlap)
+        # Receiver: gather each pair's returned row (the dump row is zero) and weight it.
+        returned = bufs.combine_recv[handle.flat_index, :self.hidden_size]
+        returned = returned.view(topk_weights.shape[0], self.top_k, self.hidden_size)
+        return (returned * topk_weights.unsqueeze(2)).sum(1)

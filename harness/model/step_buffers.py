@@ -1,0 +1,124 @@
+"""A rank's persistent step buffers and the per-microbatch views the forward runs on.
+
+All shapes are fixed at allocation and refreshed in place, so a graph captured over them
+stays valid; a microbatch is a token slice plus a request slice with its own
+query_start_loc/seq_lens buffers (docs/spec.md §4.4, §5.4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from harness.model.state import RequestSpec
+from harness.model.ubatch_slice import UbatchSlice
+from harness.model.weights import DTYPE
+
+
+class StepBuffers:
+    """One rank's step inputs and output, allocated once and refreshed in place.
+
+    T = num_tokens and R = num_reqs are fixed by the shapes; real tokens come first and the
+    rest is padding; padded requests have query length 0, seq_len 0 and the scratch slot.
+    """
+
+    def __init__(self, num_tokens: int, num_reqs: int, hidden_size: int,
+                 scratch_slot: int, device: torch.device | str = "cpu") -> None:
+        self.scratch_slot = scratch_slot
+        i64 = {"dtype": torch.int64, "device": device}
+        self.input_ids = torch.zeros(num_tokens, **i64)
+        self.positions = torch.zeros(num_tokens, **i64)
+        self.is_padding = torch.ones(num_tokens, dtype=torch.bool, device=device)
+        self.query_start_loc = torch.zeros(num_reqs + 1, **i64)
+        self.seq_lens = torch.zeros(num_reqs, **i64)
+        self.slot_ids = torch.full((num_reqs,), scratch_slot, **i64)
+        self.output = torch.zeros(num_tokens, hidden_size, dtype=DTYPE, device=device)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def num_reqs(self) -> int:
+        return self.seq_lens.shape[0]
+
+    def whole(self) -> UbatchSlice:
+        return UbatchSlice(0, self.num_reqs, 0, self.num_tokens)
+
+    def fill(self, requests: Sequence[RequestSpec], pad_token_id: int = 0,
+             pad_position: int = 0) -> int:
+        """Write a batch into the buffers in place (host-built, copied to the buffers'
+        device); returns its real token count."""
+        ids = [t for r in requests for t in r.token_ids]
+        n, m = len(ids), len(requests)
+        if n > self.num_tokens or m > self.num_reqs:
+            raise ValueError(f"batch of {n} tokens / {m} requests exceeds buffers of "
+                             f"{self.num_tokens} / {self.num_reqs}")
+        pad = self.num_tokens - n
+        self.input_ids.copy_(torch.tensor(ids + [pad_token_id] * pad, dtype=torch.int64))
+        positions = [p for r in requests for p in r.positions()]
+        self.positions.copy_(torch.tensor(positions + [pad_position] * pad, dtype=torch.int64))
+        self.is_padding.copy_(torch.arange(self.num_tokens) >= n)
+        starts = [0]
+        for r in requests:
+            starts.append(starts[-1] + r.query_len)
+        starts += [n] * (self.num_reqs - m)
+        self.query_start_loc.copy_(torch.tensor(starts, dtype=torch.int64))
+        self.seq_lens.copy_(torch.tensor([r.seq_len for r in requests]
+                                         + [0] * (self.num_reqs - m), dtype=torch.int64))
+        self.slot_ids.copy_(torch.tensor([r.slot for r in requests]
+                                         + [self.scratch_slot] * (self.num_reqs - m),
+                                         dtype=torch.int64))
+        return n
+
+
+class UbatchMetadata:
+    """One microbatch's own persistent request metadata (all microbatches are live at once)."""
+
+    def __init__(self, max_num_reqs: int, device: torch.device | str = "cpu") -> None:
+        self.query_start_loc = torch.zeros(max_num_reqs + 1, dtype=torch.int64, device=device)
+        self.seq_lens = torch.zeros(max_num_reqs, dtype=torch.int64, device=device)
+
+
+@dataclass(frozen=True)
+class Microbatch:
+    """What the forward of one microbatch reads and writes: views plus its metadata."""
+
+    ubatch_id: int
+    tok_start: int  # where the token slice starts in the rank's step (for provenance)
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    is_padding: torch.Tensor
+    query_start_loc: torch.Tensor  # [R_m + 1], rebased to the token slice
+    seq_lens: torch.Tensor  # [R_m]
+    slot_ids: torch.Tensor  # [R_m]
+    output: torch.Tensor  # [T_m, H]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.input_ids.shape[0]
+
+
+def prepare_microbatch(step: StepBuffers, meta: UbatchMetadata, sl: UbatchSlice,
+                       ubatch_id: int = 0) -> Microbatch:
+    """Rewrite `meta` for the slice (tensor ops only) and return the microbatch's views.
+
+    query_start_loc is rebased and clamped into the token slice; the last request's seq_len
+    is shortened by its tokens that lie past the slice (docs/spec.md §4.4 step 3).
+    """
+    if sl.is_empty():
+        raise ValueError(f"empty microbatch slice {sl}")
+    num_reqs = sl.req_stop - sl.req_start
+    qsl = meta.query_start_loc[:num_reqs + 1]
+    qsl.copy_((step.query_start_loc[sl.req_start:sl.req_stop + 1] - sl.tok_start)
+              .clamp(0, sl.num_tokens))
+    seq_lens = meta.seq_lens[:num_reqs]
+    seq_lens.copy_(step.seq_lens[sl.req_start:sl.req_stop])
+    past = (step.query_start_loc[sl.req_stop] - sl.tok_stop).clamp(min=0)
+    seq_lens[num_reqs - 1:].sub_(past)
+    tokens = slice(sl.tok_start, sl.tok_stop)
+    return Microbatch(ubatch_id, sl.tok_start, step.input_ids[tokens], step.positions[tokens],
+                      step.is_padding[tokens], qsl, seq_lens,
+                      step.slot_ids[sl.req_start:sl.req_stop], step.output[tokens])

@@ -1,0 +1,26 @@
+"""vLLM's decision code in the rank's two slots. vLLM is imported on first use, so that
+registering it costs nothing where it is not installed."""
+
+from __future__ import annotations
+
+from harness.batch import RankBatch
+from harness.config import DecisionSystem, HarnessConfig
+from harness.history.decision import StepPlan
+from harness.sut.graph_table import GraphTable
+from harness.sut.systems import DecisionCode, register
+
+
+def _graph_table(config: HarnessConfig, rank: int) -> GraphTable:
+    from harness.vllm_sut.candidates import vllm_capture_order
+
+    return GraphTable(config, rank, vllm_capture_order(config))
+
+
+def _decide(group, config: HarnessConfig, rank: int, batch: RankBatch,
+            timeout_s: float) -> StepPlan:
+    from harness.vllm_sut.step_plan import vllm_decide_on_rank
+
+    return vllm_decide_on_rank(group, config, rank, batch, timeout_s)
+
+
+register(DecisionSystem.VLLM, DecisionCode(_graph_table, _decide))
