@@ -12,7 +12,7 @@ from harness.history.decision import StepPlan
 from harness.history.step_error import StepError
 
 Rows = tuple[tuple[float, ...], ...]
-Fingerprint = tuple[tuple[str, tuple[int, ...]], ...]
+Fingerprint = tuple[tuple[str, tuple[int, ...], str], ...]  # (op, shape, dtype) per call
 Span = tuple[int, int, int, int]  # req_start, req_stop, tok_start, tok_stop
 Route = tuple[int, int, int]  # (source rank, token, expert)
 

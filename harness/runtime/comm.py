@@ -72,8 +72,12 @@ def wait_stream_ordered(work, what: str) -> None:
                                 f"{str(exc).splitlines()[0]}") from exc
 
 
-def all_reduce_sum(group, tensor: torch.Tensor, timeout_s: float) -> torch.Tensor:
-    """SUM all-reduce in place over `group`; the same call in every world."""
+def all_reduce_sum(group, tensor: torch.Tensor, timeout_s: float,
+                   log: CollectiveLog | None = None) -> torch.Tensor:
+    """SUM all-reduce in place over `group`; the same call in every world. `log` notes the
+    tensor as passed, so a rank that passes another shape or dtype shows in its fingerprint."""
+    if log is not None:
+        log.add_tensor("all_reduce", tensor)
     wait_bounded(group.allreduce([tensor]), f"all_reduce of {tuple(tensor.shape)}", timeout_s)
     return tensor
 
@@ -112,23 +116,27 @@ class EagerAllToAll:
 
 
 class CollectiveLog:
-    """The collectives one rank issues, in issue order: (op, shape) per call.
+    """The collectives one rank issues, in issue order: (op, shape, dtype) of what each call
+    was given.
 
     Ranks must issue the same sequence; comparing logs across ranks is the fingerprint check.
     """
 
     def __init__(self, trace_path: str | None = None) -> None:
-        self._calls: list[tuple[str, tuple[int, ...]]] = []
+        self._calls: list[tuple[str, tuple[int, ...], str]] = []
         self._lock = threading.Lock()
         # A line per collective, flushed before it is issued: a hung rank's last line says
         # which collective it is stuck in, read by the driver from outside.
         self._trace = open(trace_path, "a", buffering=1) if trace_path else None  # noqa: SIM115
 
-    def add(self, op: str, shape: tuple[int, ...]) -> None:
+    def add(self, op: str, shape: tuple[int, ...], dtype: str) -> None:
         with self._lock:
-            self._calls.append((op, shape))
+            self._calls.append((op, shape, dtype))
             if self._trace is not None:
-                self._trace.write(f"#{len(self._calls) - 1} {op} {list(shape)}\n")
+                self._trace.write(f"#{len(self._calls) - 1} {op} {list(shape)} {dtype}\n")
+
+    def add_tensor(self, op: str, tensor: torch.Tensor) -> None:
+        self.add(op, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."))
 
     def note(self, text: str) -> None:
         """A marker line in the trace (e.g. which step starts), not a collective."""
@@ -139,7 +147,7 @@ class CollectiveLog:
         with self._lock:
             return len(self._calls)
 
-    def since(self, mark: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    def since(self, mark: int) -> tuple[tuple[str, tuple[int, ...], str], ...]:
         with self._lock:
             return tuple(self._calls[mark:])
 
@@ -153,6 +161,6 @@ class LoggedAllToAll:
         self.log = log
 
     def __call__(self, out: torch.Tensor, inp: torch.Tensor) -> Callable[[], None]:
-        self.log.add("all_to_all", tuple(inp.shape))
+        self.log.add_tensor("all_to_all", inp)
         return self.inner(out, inp)
 

@@ -16,7 +16,7 @@ import torch
 from harness.batch import RankBatch
 from harness.config import CudaGraphMode, HarnessConfig
 from harness.history.decision import DpSyncState, GraphDescriptor
-from harness.runtime.comm import all_reduce_sum
+from harness.runtime.comm import CollectiveLog, all_reduce_sum
 from harness.sut.graph_table import GraphTable
 from harness.sut.thresholds import guard_sends_to_eager, ubatch_thresholds_met
 
@@ -93,11 +93,11 @@ def _microbatched(config: HarnessConfig, table: GraphTable, tokens: list[int], r
 
 
 def sync_dp(group, config: HarnessConfig, table: GraphTable, rank: int, batch: RankBatch,
-            timeout_s: float) -> SyncDecision:
+            timeout_s: float, log: CollectiveLog | None = None) -> SyncDecision:
     """Run the DP sync for this rank over `group` (a gloo process group of dp_size ranks)."""
     matrix = torch.zeros(NUM_ROWS, config.dp_size, dtype=torch.int32)
     matrix[:, rank] = torch.tensor(local_column(table, batch), dtype=torch.int32)
-    all_reduce_sum(group, matrix, timeout_s)
+    all_reduce_sum(group, matrix, timeout_s, log)
     return decide_from_matrix(config, table, matrix.tolist(), batch)
 
 

@@ -26,7 +26,6 @@ from harness.runtime.graphs import make_graph_backend
 from harness.runtime.streams import CpuStreams, CudaStreams, make_streams
 from harness.scenario import RankStep
 from harness.sut import systems
-from harness.sut.dp_sync import NUM_ROWS
 from harness.sut.graph_manager import GraphManager
 from harness.sut.microbatch_runner import MicrobatchRunner
 
@@ -111,9 +110,8 @@ class RankRuntime:
                 time.sleep(max(f.seconds for f in faults if f.kind is FaultKind.SLOW_RANK))
             if FaultKind.SKIP_SYNC in kinds:
                 raise InjectedFault(f"rank {self.rank} skipped the DP sync")
-            self.log.add("all_reduce", (NUM_ROWS, self.config.dp_size))
             plan = systems.decide(self.group, self.config, self.rank, batch,
-                                  self.collective_timeout_s)
+                                  self.collective_timeout_s, self.log)
             desc = plan.desc
             if desc.cg_mode is CudaGraphMode.FULL and desc in self.manager.captured:
                 captured = self.manager.captured[desc]

@@ -8,6 +8,7 @@ from functools import lru_cache
 from harness.batch import RankBatch
 from harness.config import HarnessConfig
 from harness.history.decision import StepPlan
+from harness.runtime.comm import CollectiveLog
 from harness.sut.dp_sync import SyncDecision, decide_from_matrix, gathered_rows, sync_dp
 from harness.sut.graph_table import GraphTable
 from harness.sut.slicing import regions
@@ -24,9 +25,10 @@ def plan_step(rank: int, batch: RankBatch, decision: SyncDecision) -> StepPlan:
 
 
 def decide_on_rank(group, config: HarnessConfig, rank: int, batch: RankBatch,
-                   timeout_s: float) -> StepPlan:
+                   timeout_s: float, log: CollectiveLog | None = None) -> StepPlan:
     """The rank code of the decision phase: the DP sync, then this rank's padding and split."""
-    decision = sync_dp(group, config, graph_table_for(config, rank), rank, batch, timeout_s)
+    decision = sync_dp(group, config, graph_table_for(config, rank), rank, batch, timeout_s,
+                       log)
     return plan_step(rank, batch, decision)
 
 

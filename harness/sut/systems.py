@@ -14,6 +14,7 @@ from harness.batch import RankBatch
 from harness.config import DecisionSystem, HarnessConfig
 from harness.errors import ConfigError
 from harness.history.decision import StepPlan
+from harness.runtime.comm import CollectiveLog
 from harness.sut.graph_table import GraphTable
 from harness.sut.step_plan import decide_on_rank, graph_table_for
 
@@ -23,8 +24,9 @@ class DecisionCode:
     """The two slots a system under test fills."""
 
     graph_table: Callable[[HarnessConfig, int], GraphTable]
-    # (group, config, rank, batch, collective timeout) -> this rank's plan
-    decide: Callable[[object, HarnessConfig, int, RankBatch, float], StepPlan]
+    # (group, config, rank, batch, collective timeout, log of the collectives issued) -> plan
+    decide: Callable[[object, HarnessConfig, int, RankBatch, float, CollectiveLog | None],
+                     StepPlan]
 
 
 _REGISTERED: dict[DecisionSystem, DecisionCode] = {
@@ -47,9 +49,9 @@ def graph_table(config: HarnessConfig, rank: int) -> GraphTable:
     return _code(config).graph_table(config, rank)
 
 
-def decide(group, config: HarnessConfig, rank: int, batch: RankBatch,
-           timeout_s: float) -> StepPlan:
-    return _code(config).decide(group, config, rank, batch, timeout_s)
+def decide(group, config: HarnessConfig, rank: int, batch: RankBatch, timeout_s: float,
+           log: CollectiveLog | None = None) -> StepPlan:
+    return _code(config).decide(group, config, rank, batch, timeout_s, log)
 
 
 def reference_config(config: HarnessConfig) -> HarnessConfig | None:

@@ -22,7 +22,7 @@ from vllm.v1.worker.ubatch_utils import check_ubatch_thresholds
 from harness.batch import RankBatch
 from harness.config import HarnessConfig
 from harness.history.decision import DpSyncState
-from harness.runtime.comm import CollectiveTimeout
+from harness.runtime.comm import CollectiveLog, CollectiveTimeout
 from harness.sut.dp_sync import SyncDecision
 from harness.vllm_sut.candidates import to_harness, vllm_graph_manager
 from harness.vllm_sut.configs import vllm_configs
@@ -34,9 +34,12 @@ class DpGroupStandIn:
 
     cpu_group: Any
     cpu_timeout: timedelta
+    log: CollectiveLog | None = None
 
     def cpu_all_reduce_(self, tensor: torch.Tensor) -> torch.Tensor:
         # vLLM's own low-latency CPU all-reduce (gloo send/recv), bounded by the timeout.
+        if self.log is not None:
+            self.log.add_tensor("all_reduce", tensor)
         try:
             return cpu_all_reduce_(tensor, self.cpu_group, self.cpu_timeout)
         except RuntimeError as exc:
@@ -89,11 +92,11 @@ def vllm_check_ubatch_thresholds(config: HarnessConfig, num_tokens: int,
 
 
 def vllm_sync(group, config: HarnessConfig, rank: int, batch: RankBatch,
-              timeout_s: float) -> SyncDecision:
+              timeout_s: float, log: CollectiveLog | None = None) -> SyncDecision:
     """This rank's DP sync exactly as vLLM's runner calls it, as the harness's SyncDecision."""
     configs = vllm_configs(config)
     manager = vllm_graph_manager(config)
-    stand_in = DpGroupStandIn(group, timedelta(seconds=timeout_s))
+    stand_in = DpGroupStandIn(group, timedelta(seconds=timeout_s), log)
     uct = batch.uniform_token_count
     with _dp_group_of_this_thread(stand_in):
         desc, state = dp_utils.dispatch_cg_and_sync_dp(

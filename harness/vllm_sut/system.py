@@ -6,6 +6,7 @@ from __future__ import annotations
 from harness.batch import RankBatch
 from harness.config import DecisionSystem, HarnessConfig
 from harness.history.decision import StepPlan
+from harness.runtime.comm import CollectiveLog
 from harness.sut.graph_table import GraphTable
 from harness.sut.systems import DecisionCode, register
 
@@ -16,11 +17,11 @@ def _graph_table(config: HarnessConfig, rank: int) -> GraphTable:
     return GraphTable(config, rank, vllm_capture_order(config))
 
 
-def _decide(group, config: HarnessConfig, rank: int, batch: RankBatch,
-            timeout_s: float) -> StepPlan:
+def _decide(group, config: HarnessConfig, rank: int, batch: RankBatch, timeout_s: float,
+            log: CollectiveLog | None) -> StepPlan:
     from harness.vllm_sut.step_plan import vllm_decide_on_rank
 
-    return vllm_decide_on_rank(group, config, rank, batch, timeout_s)
+    return vllm_decide_on_rank(group, config, rank, batch, timeout_s, log)
 
 
 register(DecisionSystem.VLLM, DecisionCode(_graph_table, _decide))
