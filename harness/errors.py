@@ -17,7 +17,8 @@ class ErrorOrigin(enum.Enum):
 
     INJECTED = "injected"  # a scenario's fault, or a failure it caused
     KILLED = "killed"  # the rank's process was killed by an injected fault
-    LOST = "lost"  # the rank's process vanished (crashed, or ended by torchrun)
+    LOST = "lost"  # the rank's process vanished (ended by torchrun after a peer died)
+    CRASHED = "crashed"  # the rank's process died of a fatal signal of its own (abort, segfault)
     TIMEOUT = "timeout"  # a bounded wait on a peer ran out (a collective, the device)
     HANG = "hang"  # a microbatch or a rank never got its turn back within its deadline
     ABORTED = "aborted"  # a microbatch stopped because its sibling failed

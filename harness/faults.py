@@ -14,6 +14,9 @@ class FaultKind(enum.Enum):
     SKIP_SYNC = "skip_sync"  # the rank skips the DP sync all-reduce
     SLOW_RANK = "slow_rank"  # the rank sleeps `seconds` before the step
     KILL_RANK = "kill_rank"  # the rank's process is killed mid-step (torchrun world only)
+    # The rank's process aborts after the DP sync, as a native library's failed check does
+    # (SIGABRT; torchrun world only).
+    ABORT_RANK = "abort_rank"
 
 
 class InjectedFault(RuntimeError):

@@ -97,6 +97,21 @@ def test_a_killed_rank_is_named_and_the_world_is_rebuilt(faulty_world):
     assert faulty_world.launches > launches
 
 
+def test_a_rank_that_aborts_is_named_with_its_signal_and_last_collective(faulty_world):
+    launches = faulty_world.launches
+    result = run_and_check_cleanup(faulty_world, scenario(
+        [{"kind": "abort_rank", "rank": 1, "step": 1}], nproc=faulty_world.nproc))
+    crashed = result.steps[1].records[1]
+    assert crashed.error.kind == "RankCrashed", crashed.error
+    assert crashed.error.message == ("died of a fatal signal (Aborted); its last collective: "
+                                     f"all_reduce [6, {faulty_world.nproc}] int32")
+    assert result.steps[0].ok  # the step before the abort held
+    errors = next(v for v in result.steps[1].verdicts if v.checker == "errors")
+    assert errors.ok and "rank 1 RankCrashed" in errors.detail
+    assert run_and_check_cleanup(faulty_world, scenario([], nproc=faulty_world.nproc)).ok
+    assert faulty_world.launches > launches
+
+
 def test_a_rank_that_skips_the_sync_leaves_its_peer_timing_out_not_hanging(faulty_world):
     result = run_and_check_cleanup(faulty_world, scenario(
         [{"kind": "skip_sync", "rank": 1, "step": 0}], nproc=faulty_world.nproc))

@@ -22,7 +22,7 @@ from harness.model.reference import mismatched_rows
 TOLERANCE = 1e-9
 # What a rank with an injected fault may fail with: the fault, its kill, or the microbatch
 # runner's report of which microbatch it broke.
-NAMED_FAULT_ERRORS = ("InjectedFault", "RankKilled", "MicrobatchFailed")
+NAMED_FAULT_ERRORS = ("InjectedFault", "RankKilled", "RankCrashed", "MicrobatchFailed")
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,8 @@ def check_errors(records: Sequence[StepRecord | None]) -> Verdict:
     name = "errors"
     present = [r for r in records if r is not None]
     faulted = any(r.injected_fault for r in present)
-    for rec in present:
+    # A rank that timed out waited on another: name the one that failed first, if any did.
+    for rec in sorted(present, key=_waited_on_another):
         err = rec.error
         if err is None:
             continue
@@ -81,6 +82,11 @@ def check_errors(records: Sequence[StepRecord | None]) -> Verdict:
             return _fail(name, f"rank {rec.rank} (a peer of the faulty rank): {err.describe()}")
     contained = [f"rank {r.rank} {r.error.kind}" for r in present if r.error is not None]
     return _ok(name, f"injected fault contained: {', '.join(contained)}" if contained else "")
+
+
+def _waited_on_another(rec: StepRecord) -> bool:
+    """Its error is a consequence: a peer's collective timed out, or torchrun ended it."""
+    return rec.error is not None and rec.error.origin in (ErrorOrigin.TIMEOUT, ErrorOrigin.LOST)
 
 
 def _names_the_fault(err: StepError) -> bool:
@@ -223,6 +229,8 @@ def check_step(records: Sequence[StepRecord | None], reference: ReferenceRows,
     ]
     if reference.plans is not None:
         checks.append(lambda: check_differential(records, reference.plans))
+    if reference.spec_plans is not None:
+        checks.append(lambda: check_spec_decision(records, reference.spec_plans))
     return verdicts + [check() for check in checks]
 
 
@@ -246,6 +254,37 @@ def check_differential(records: Sequence[StepRecord],
                  for field in got if got[field] != want[field]]
         if wrong:
             return _fail(name, f"rank {rec.rank}: " + "; ".join(wrong))
+    return _ok(name)
+
+
+def _spec_fields(plan: StepPlan) -> list[tuple[str, object]]:
+    # Every field the spec fixes for a rank's plan, in the order §1.3 and §2.4 settle them.
+    desc, state = plan.desc, plan.state
+    return [("cg_mode", desc.cg_mode.name), ("graph num_tokens", desc.num_tokens),
+            ("graph num_reqs", desc.num_reqs), ("graph uct", desc.uniform_token_count),
+            ("graph max_query_len", desc.max_query_len), ("num_ubatches", desc.num_ubatches),
+            ("dp_sync", "none" if state is None else "set"),
+            ("tokens_across_dp", state and state.num_tokens_across_dp),
+            ("synced uct", state and state.uniform_token_count),
+            ("sync eager", state and state.eager), ("sync num_reqs", state and state.num_reqs),
+            ("padded_tokens", plan.num_tokens), ("padded_reqs", plan.num_reqs),
+            ("real_tokens", plan.real_tokens),
+            ("regions (real/size)", " ".join(f"{r.real_tokens}/{r.tokens}"
+                                             for r in plan.regions))]
+
+
+def check_spec_decision(records: Sequence[StepRecord],
+                        expected: Sequence[StepPlan]) -> Verdict:
+    """The harness decided, field by field, what docs/spec.md says for its own config
+    (harness/check/spec_decision.py, which shares no code with the decision code)."""
+    name = "spec_decision"
+    for rec, want_plan in zip(records, expected, strict=True):
+        if rec.plan is None:
+            continue
+        for (field, got), (_, want) in zip(_spec_fields(rec.plan), _spec_fields(want_plan),
+                                           strict=True):
+            if got != want:
+                return _fail(name, f"rank {rec.rank}: {field}: {got} (spec: {want})")
     return _ok(name)
 
 

@@ -1,10 +1,13 @@
 """The single-process reference each step is held to: rows, state and routes from the
-plain model, and, where another system decided, the harness's own plans."""
+plain model, and the plans each rank should have made: where another system decided, the
+harness's own; where the harness decided, the plain oracle of docs/spec.md (spec_decision)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from harness.check.spec_decision import spec_plans
+from harness.config import DecisionSystem
 from harness.history.decision import StepPlan
 from harness.history.records import Route, Rows, rows_of
 from harness.model.reference import reference_step
@@ -25,6 +28,8 @@ class ReferenceRows:
     routes: tuple[tuple[Route, ...], ...]
     # Per rank, the harness's own plan when another system decided (None: the harness did).
     plans: tuple[StepPlan, ...] | None = None
+    # Per rank, the plan docs/spec.md gives, when the harness decided (None: another system).
+    spec_plans: tuple[StepPlan, ...] | None = None
 
 
 def reference_rows(scenario: Scenario) -> list[ReferenceRows]:
@@ -37,10 +42,14 @@ def reference_rows(scenario: Scenario) -> list[ReferenceRows]:
     for i, requests in enumerate(scenario.requests()):
         ref = reference_step(config, weights, requests, states)
         states = ref.states
-        plans = (None if judge_by is None
-                 else tuple(plan_without_world(judge_by, scenario.batches(i))))
+        batches = scenario.batches(i)
+        plans = None if judge_by is None else tuple(plan_without_world(judge_by, batches))
+        # The harness's own decisions are held to a second statement of the spec that
+        # shares no code with it (invariant 29 of docs/spec.md §8).
+        expected = (tuple(spec_plans(config, batches))
+                    if config.sut is DecisionSystem.HARNESS else None)
         rows.append(ReferenceRows(tuple(rows_of(t) for t in ref.outputs),
                                   tuple(rows_of(t) for t in ref.states),
                                   tuple(tuple(sorted(c.elements())) for c in ref.routes),
-                                  plans))
+                                  plans, expected))
     return rows

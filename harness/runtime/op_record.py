@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
+from harness.runtime.comm import CollectiveTimeout
+
 # Ops that only allocate: their contents are undefined, so replay neither runs nor copies them
 # (a real graph replay does not touch that memory either).
 ALLOCATION_ONLY_OPS = frozenset({
@@ -137,11 +139,10 @@ class RecordedOp:
             nonlocal args, kwargs
             if rebuild:
                 args, kwargs = build_args()
-            out_leaves, _ = tree_flatten(op(*args, **kwargs))
             if collective:
-                # A collective writes its outputs asynchronously: wait before reading them.
-                for leaf in out_leaves:
-                    _wait_if_work(leaf, collective_timeout_s)
+                out_leaves = _run_collective(op, args, kwargs, collective_timeout_s)
+            else:
+                out_leaves, _ = tree_flatten(op(*args, **kwargs))
             for leaf, target in zip(out_leaves, targets, strict=True):
                 if target is not None and leaf.untyped_storage().data_ptr() != \
                         target.untyped_storage().data_ptr():
@@ -168,6 +169,19 @@ def _bind(op: torch._ops.OpOverload, args_kwargs: tuple[tuple, dict]) -> dict[st
     args, kwargs = args_kwargs
     names = [a.name for a in op._schema.arguments]
     return {**dict(zip(names, args, strict=False)), **kwargs}
+
+
+def _run_collective(op, args, kwargs, timeout_s: float | None) -> list[Any]:
+    """A replayed collective, waited (it writes its outputs asynchronously); a peer that
+    never comes or went away fails it as a CollectiveTimeout, as an eager one would."""
+    try:
+        out_leaves, _ = tree_flatten(op(*args, **kwargs))
+        for leaf in out_leaves:
+            _wait_if_work(leaf, timeout_s)
+    except RuntimeError as exc:
+        raise CollectiveTimeout(f"replayed {op._opname} failed: "
+                                f"{str(exc).splitlines()[0]}") from exc
+    return out_leaves
 
 
 def _wait_if_work(value: Any, timeout_s: float | None) -> None:

@@ -8,6 +8,7 @@ up in the record, and every wait below is bounded.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 
@@ -112,6 +113,8 @@ class RankRuntime:
                 raise InjectedFault(f"rank {self.rank} skipped the DP sync")
             plan = systems.decide(self.group, self.config, self.rank, batch,
                                   self.collective_timeout_s, self.log)
+            if FaultKind.ABORT_RANK in kinds:
+                os.abort()  # the process ends here; its peers wait in the all-to-all
             desc = plan.desc
             if desc.cg_mode is CudaGraphMode.FULL and desc in self.manager.captured:
                 captured = self.manager.captured[desc]

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 STACKS_WAIT_S = 1.0  # for every rank to dump its stacks on SIGUSR1
+FATAL_PREFIX = "Fatal Python error: "  # faulthandler's first line on a fatal signal
 
 
 def rank_evidence(headline: str, trace_dir: Path, pids: dict[int, int], nproc: int) -> str:
@@ -37,6 +38,28 @@ def rank_evidence(headline: str, trace_dir: Path, pids: dict[int, int], nproc: i
         text = stacks[rank].read_text() if stacks[rank].exists() else ""
         lines.append(f"--- rank {rank} stacks ---\n{text.strip() or '(none dumped)'}")
     return "\n".join(lines)
+
+
+def fatal_error(trace_dir: Path, rank: int) -> str | None:
+    """How the rank's process died, as faulthandler wrote it ("Aborted", "Segmentation
+    fault"), or None when it did not die of a fatal signal."""
+    stacks = trace_dir / f"stacks-{rank}.txt"
+    if not stacks.exists():
+        return None
+    for line in stacks.read_text(errors="replace").splitlines():
+        if line.startswith(FATAL_PREFIX):
+            return line.removeprefix(FATAL_PREFIX).strip()
+    return None
+
+
+def last_collective(trace_dir: Path, rank: int) -> str | None:
+    """The last collective the rank issued in its latest step ("all_to_all [258, 19]
+    float64"), from its trace; None when that step issued none."""
+    trace = trace_dir / f"collectives-{rank}.txt"
+    lines = trace.read_text().splitlines() if trace.exists() else []
+    step_start = max((i for i, line in enumerate(lines) if line.startswith("-- ")), default=-1)
+    issued = [line for line in lines[step_start + 1:] if line.startswith("#")]
+    return issued[-1].split(" ", 1)[1] if issued else None
 
 
 def _size(path: Path) -> int:

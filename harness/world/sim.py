@@ -53,9 +53,11 @@ class SimWorld:
         if scenario.config.dp_size != self.nproc:
             raise ConfigError("dp_size", f"the scenario has {scenario.config.dp_size} ranks "
                               f"but this world has {self.nproc}")
-        killed = [i for i, f in enumerate(scenario.faults) if f.kind is FaultKind.KILL_RANK]
+        own_process = (FaultKind.KILL_RANK, FaultKind.ABORT_RANK)
+        killed = [i for i, f in enumerate(scenario.faults) if f.kind in own_process]
         if killed:
-            raise ConfigError(f"faults[{killed[0]}].kind", "kill_rank needs the torchrun world "
+            fault = scenario.faults[killed[0]].kind.value
+            raise ConfigError(f"faults[{killed[0]}].kind", f"{fault} needs the torchrun world "
                               "(the sim world's ranks are threads of one process)")
         with collector_paused():
             return self._run(scenario)

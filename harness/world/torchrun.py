@@ -28,7 +28,7 @@ from harness.scenario import Scenario
 from harness.timeouts import DEFAULT_TIMEOUTS, Timeouts
 from harness.world.backends import check_backend
 from harness.world.control_server import ControlServer
-from harness.world.evidence import rank_evidence
+from harness.world.evidence import fatal_error, last_collective, rank_evidence
 from harness.world.gpus import pids_holding_gpu_memory
 from harness.world.processes import kill_all, package_pythonpath, wait_or_signal
 from harness.world.wire import CONTROL_KEY_ENV, Channel, ChannelClosed, new_control_key
@@ -199,7 +199,7 @@ class TorchrunWorld:
                         message = key.fileobj.recv(timeout_s=self.timeouts.collective_s)
                     except (ChannelClosed, TimeoutError):
                         selector.unregister(key.fileobj)
-                        lost[rank] = _lost_error(rank, scenario)
+                        lost[rank] = _lost_error(rank, scenario, self._dir)
                         self._send_to_all(("next", False))  # the survivors stop after it
                         continue
                     deadline[rank] = time.monotonic() + self.timeouts.step_deadline_s + 5.0
@@ -249,7 +249,8 @@ class TorchrunWorld:
             if index == len(steps):
                 steps.append([None] * self.nproc)
             steps[index][rank] = StepRecord.failed(
-                rank, index, error, injected_fault=error.origin is ErrorOrigin.KILLED)
+                rank, index, error,
+                injected_fault=error.origin in (ErrorOrigin.KILLED, ErrorOrigin.INJECTED))
 
     def _hang_evidence(self, late: list[int], steps) -> str:
         return self._rank_evidence(f"ranks {late} missed their deadline at step "
@@ -263,11 +264,21 @@ class TorchrunWorld:
         return log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
 
 
-def _lost_error(rank: int, scenario: Scenario) -> StepError:
-    """Why a rank's channel closed: the scenario killed it, or its process went away."""
-    if any(f.kind is FaultKind.KILL_RANK and f.rank == rank for f in scenario.faults):
+def _lost_error(rank: int, scenario: Scenario, trace_dir: Path) -> StepError:
+    """Why a rank's channel closed: the scenario killed it, its process died of a fatal
+    signal (named, with the collective it last issued), or it went away otherwise."""
+    kinds = {f.kind for f in scenario.faults if f.rank == rank}
+    if FaultKind.KILL_RANK in kinds:
         return StepError("RankKilled", "was killed (injected kill_rank)", None,
                          ErrorOrigin.KILLED)
+    fatal = fatal_error(trace_dir, rank)
+    if fatal is not None:
+        last = last_collective(trace_dir, rank)
+        where = (f"; its last collective: {last}" if last
+                 else "; before any collective of its step")
+        origin = ErrorOrigin.INJECTED if FaultKind.ABORT_RANK in kinds else ErrorOrigin.CRASHED
+        return StepError("RankCrashed", f"died of a fatal signal ({fatal}){where}", None,
+                         origin)
     return StepError("RankLost", "lost its process (ended by torchrun after a peer died, or "
                      "crashed)", None, ErrorOrigin.LOST)
 

@@ -5,7 +5,8 @@
 
 It connects back to the driver, says hello (rank, pid), joins the process group, then runs
 every scenario it is sent, streaming its records back. It exits by itself when the driver
-or torchrun goes away, and dumps every thread's stack to DIR/stacks-RANK.txt on SIGUSR1.
+or torchrun goes away, and dumps every thread's stack to DIR/stacks-RANK.txt on SIGUSR1 and on
+a fatal signal.
 """
 
 from __future__ import annotations
@@ -179,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
                      name="parent-watchdog").start()
     stacks = open(trace_dir / f"stacks-{rank}.txt", "w")  # noqa: SIM115 - lives as long as we do
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+    # A fatal signal (an abort in a native library, a segfault) leaves its name and the
+    # stacks there too, for the driver to name how the rank died.
+    faulthandler.enable(file=stacks, all_threads=True)
 
     host, port = args.control.rsplit(":", 1)
     channel = wire.connect(host, int(port), wire.key_from_environment())

@@ -1,0 +1,262 @@
+"""A second, deliberately plain statement of each rank's step decision, written from
+docs/spec.md (§0.3, §1-§4.1) and sharing no code with harness/sut or harness/vllm_sut.
+
+`spec_plans(config, batches)` answers what every rank should plan for one step under the
+config it is given, its variant switches included (guard, twins, threshold offset): it judges
+the harness's decision code against its own config, so a planted bug selected by a switch is
+modelled here, not flagged (other checkers catch those). What it flags is a slip in the code
+that no switch selects: a threshold tested on the wrong rank's count, a synced value taken
+from one rank, a padding or region slip. Straight loops, rebuilt for every step, no caching.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from harness.batch import RankBatch
+from harness.config import CudaGraphMode, Guard, HarnessConfig, Twins
+from harness.history.decision import DpSyncState, GraphDescriptor, Region, StepPlan
+
+NONE, PIECEWISE, FULL = CudaGraphMode.NONE, CudaGraphMode.PIECEWISE, CudaGraphMode.FULL
+
+
+# -- §0.3 modes and capture sizes ------------------------------------------------------------
+
+def branch_modes(mode: CudaGraphMode) -> tuple[CudaGraphMode | None, CudaGraphMode | None]:
+    """(decode branch mode, mixed branch mode) of §2.2 rule 2; None: that branch adds nothing.
+    Only the composites have a decode branch; FULL and PIECEWISE use the mixed one alone."""
+    return {NONE: (None, None), PIECEWISE: (None, PIECEWISE), FULL: (None, FULL),
+            CudaGraphMode.FULL_DECODE_ONLY: (FULL, None),
+            CudaGraphMode.FULL_AND_PIECEWISE: (FULL, PIECEWISE)}[mode]
+
+
+def capture_sizes(config: HarnessConfig) -> list[int]:
+    """The capture-size ladder of §0.3: explicit sizes deduplicated and sorted, else vLLM's."""
+    if config.cudagraph_mode is NONE:
+        return []
+    if config.capture_sizes is not None:
+        return sorted(set(config.capture_sizes))
+    q = config.decode_query_len
+    largest = min(2 * config.max_num_reqs * q, 512, config.max_num_batched_tokens)
+    sizes = [s for s in (1, 2, 4) if s <= largest]
+    s = 8
+    while s < 256 and s <= largest:
+        sizes.append(s)
+        s += 8
+    s = 256
+    while s <= largest:
+        sizes.append(s)
+        s += 16
+    if config.max_num_batched_tokens <= largest and config.max_num_batched_tokens not in sizes:
+        sizes.append(config.max_num_batched_tokens)
+    return sorted(sizes)
+
+
+# -- §3 thresholds and the guard -------------------------------------------------------------
+
+def thresholds_hold(config: HarnessConfig, n: int, uniform_decode: bool,
+                    decode_threshold: int) -> bool:
+    """§3.1: inclusive, the decode threshold for a uniform decode, else the prefill one."""
+    if not (config.enable_dbo or config.ubatch_size > 1):
+        return False
+    return n >= (decode_threshold if uniform_decode else config.prefill_threshold)
+
+
+def guard_says_eager(config: HarnessConfig, min_tokens: int, graph_tokens: int) -> bool:
+    """§3.2: the guard variant the config selects, against G = graph_tokens."""
+    k = config.num_ubatches
+    if config.guard is Guard.MERGED:
+        return 2 * min_tokens < graph_tokens
+    if config.guard is Guard.STRICT_K2:
+        return 2 * min_tokens <= graph_tokens
+    return min_tokens <= (graph_tokens // k) * (k - 1)
+
+
+# -- §2.1 compatibility, §2.2 the table and dispatch ----------------------------------------
+
+def fits(desc: GraphDescriptor, num_reqs: int, num_tokens: int, uct: int | None,
+         max_query_len: int | None, num_ubatches: int) -> bool:
+    """The five rules of §2.1, in order."""
+    if desc.uniform_token_count is not None and desc.uniform_token_count != uct:
+        return False
+    if desc.max_query_len is not None and (max_query_len is None
+                                           or max_query_len > desc.max_query_len):
+        return False
+    if desc.num_reqs is not None and desc.num_reqs < num_reqs:
+        return False
+    if desc.num_tokens < num_tokens:
+        return False
+    return desc.num_ubatches == num_ubatches
+
+
+def dispatch(table: Sequence[GraphDescriptor], num_reqs: int, num_tokens: int,
+             uct: int | None, max_query_len: int | None = None,
+             num_ubatches: int = 1) -> GraphDescriptor:
+    """§2.2 rule 6 with the order of rule 5: the best compatible graph, else NONE carrying
+    the request. Ties keep the table's generation order (the earlier one wins)."""
+    best, best_key = None, None
+    if num_tokens > 0:
+        for desc in table:
+            if not fits(desc, num_reqs, num_tokens, uct, max_query_len, num_ubatches):
+                continue
+            key = (0 if desc.cg_mode is FULL else 1, desc.num_tokens,
+                   desc.uniform_token_count is None, desc.max_query_len is None,
+                   desc.num_reqs is None, desc.num_reqs or 0)
+            if best_key is None or key < best_key:
+                best, best_key = desc, key
+    if best is None:
+        return GraphDescriptor(NONE, num_tokens, num_reqs, num_ubatches=num_ubatches)
+    return best
+
+
+def twin_of(config: HarnessConfig, desc: GraphDescriptor,
+            decode_threshold: int) -> GraphDescriptor | None:
+    """§2.2 rule 1: the k-way twin of a FULL descriptor with padded requests, if eligible."""
+    if not (config.enable_dbo or config.ubatch_size > 1):
+        return None
+    if desc.cg_mode is not FULL or desc.num_reqs is None:
+        return None
+    if desc.num_tokens % desc.num_reqs != 0:
+        return None
+    uct = desc.num_tokens // desc.num_reqs
+    if desc.uniform_token_count is not None and desc.uniform_token_count != uct:
+        return None
+    if desc.num_tokens < config.num_ubatches:
+        return None
+    if not thresholds_hold(config, desc.num_tokens, True, decode_threshold):
+        return None
+    return GraphDescriptor(FULL, desc.num_tokens, desc.num_reqs, uct, desc.max_query_len,
+                           config.num_ubatches)
+
+
+def graph_table(config: HarnessConfig, rank: int) -> list[GraphDescriptor]:
+    """§2.2 rules 1-3 for one rank: candidates per size, then (twins = reachable) only the
+    twins a legal all-ranks-equal uniform decode reaches. The rank matters only through the
+    threshold offset switch (§7.9)."""
+    decode_threshold = config.decode_threshold
+    if rank == config.threshold_offset_rank:
+        decode_threshold += config.threshold_offset
+    decode_mode, mixed_mode = branch_modes(config.cudagraph_mode)
+    q = config.decode_query_len
+    sizes = capture_sizes(config)
+    largest = max(sizes, default=0)
+    table: list[GraphDescriptor] = []
+    for s in sizes:
+        if decode_mode is not None:
+            tokens = ((s + q - 1) // q) * q
+            reqs = tokens // q
+            if (tokens <= config.max_num_reqs * q and tokens <= largest
+                    and reqs <= config.max_num_reqs):
+                base = GraphDescriptor(decode_mode, tokens, reqs, uniform_token_count=q)
+                for desc in (base, twin_of(config, base, decode_threshold)):
+                    if desc is not None and desc not in table:  # duplicates skipped here only
+                        table.append(desc)
+        if mixed_mode is not None:
+            reqs = min(s, config.max_num_reqs) if mixed_mode is FULL else None
+            base = GraphDescriptor(mixed_mode, s, reqs)
+            table.append(base)
+            twin = twin_of(config, base, decode_threshold)
+            if twin is not None:
+                table.append(twin)
+    if config.twins is Twins.ALL:
+        return table
+    kept = []
+    for desc in table:
+        if desc.num_ubatches == 1 or reached(config, table, desc):
+            kept.append(desc)
+    return kept
+
+
+def reached(config: HarnessConfig, table: Sequence[GraphDescriptor],
+            twin: GraphDescriptor) -> bool:
+    """§2.2 rule 3: the easiest legal batch, every rank at n tokens of uniform decodes."""
+    q = config.decode_query_len
+    if twin.uniform_token_count != q:
+        return False
+    n = min(twin.num_tokens, config.max_num_reqs * q, config.max_num_batched_tokens)
+    n -= n % q
+    if n < max(config.decode_threshold, 1):
+        return False
+    if dispatch(table, n // q, n, q, num_ubatches=config.num_ubatches) != twin:
+        return False
+    return not guard_says_eager(config, n, twin.num_tokens)
+
+
+# -- §1 the DP sync and §2.4 / §4.1 the plan -------------------------------------------------
+
+def spec_plans(config: HarnessConfig, batches: Sequence[RankBatch]) -> list[StepPlan]:
+    """Every rank's plan for one step: the gathered matrix of §1.1, each rank's decision of
+    §1.3 from it and its own batch, then padding (§2.4) and regions (§4.1)."""
+    tables = [graph_table(config, rank) for rank in range(config.dp_size)]
+    # §1.1 rows, column r from rank r alone; the vote is the rank's own unsplit dispatch.
+    tokens, votes, ucts, max_query_lens, allows, reqs = [], [], [], [], [], []
+    for rank, batch in enumerate(batches):
+        tokens.append(batch.num_tokens)
+        votes.append(dispatch(tables[rank], batch.num_reqs, batch.num_tokens,
+                              batch.uniform_token_count, batch.max_query_len).cg_mode.value)
+        ucts.append(batch.uniform_token_count or 0)
+        max_query_lens.append(-1 if batch.max_query_len is None else batch.max_query_len)
+        allows.append(1 if batch.allow_ubatching else 0)
+        reqs.append(batch.num_reqs)
+    plans = []
+    for rank, batch in enumerate(batches):
+        desc, state = decide(config, tables[rank], batch, tokens, votes, ucts,
+                             max_query_lens, allows, reqs)
+        plans.append(pad_and_split(rank, batch, desc, state))
+    return plans
+
+
+def decide(config: HarnessConfig, table: Sequence[GraphDescriptor], batch: RankBatch,
+           tokens: list[int], votes: list[int], ucts: list[int], max_query_lens: list[int],
+           allows: list[int], reqs: list[int]) -> tuple[GraphDescriptor, DpSyncState | None]:
+    """§1.2-§1.3 for one rank: the descriptor and the DP state (the decision table §2.3)."""
+    dp, k, q = len(tokens), config.num_ubatches, config.decode_query_len
+    # §1.2: synced values come from every column, never from one rank's.
+    synced_uct = ucts[0] if ucts[0] != 0 and all(u == ucts[0] for u in ucts) else None
+    own_uct = batch.uniform_token_count or 0
+    uniform_decode = own_uct == q and all(u == own_uct for u in ucts)
+    min_tokens, max_tokens, max_reqs = min(tokens), max(tokens), max(reqs)
+    if max_tokens == 0:  # T0: every rank idle, no state
+        return GraphDescriptor(NONE, 0, 0), None
+    # 2: thresholds are monotone in n, so they are tested on the smallest rank (§3.1).
+    if all(a == 1 for a in allows) and thresholds_hold(config, min_tokens, uniform_decode,
+                                                       config.decode_threshold):
+        desc = None
+        if config.cudagraph_mode is not NONE:  # 2a: a k-way dispatch of the largest rank
+            graph = dispatch(table, batch.num_reqs, max_tokens, synced_uct, num_ubatches=k)
+            # a k-way dispatch only ever answers a twin or NONE at max_tokens (§2.3 note)
+            if graph.cg_mode is not NONE and not guard_says_eager(config, min_tokens,
+                                                                  graph.num_tokens):
+                desc = graph
+        if desc is None:  # 2b / T2: split eagerly at the largest rank's size
+            desc = GraphDescriptor(NONE, max_tokens, batch.num_reqs, num_ubatches=k)
+        state_reqs = desc.num_reqs if desc.cg_mode is FULL else max_reqs  # 2c
+        return desc, DpSyncState((desc.num_tokens,) * dp, synced_uct,
+                                 eager=desc.cg_mode is NONE, num_reqs=state_reqs)
+    if min(votes) == NONE.value:  # 3 / T3: someone votes eager, nobody pads
+        return (GraphDescriptor(NONE, batch.num_tokens, batch.num_reqs),
+                DpSyncState(tuple(tokens), synced_uct, eager=True, num_reqs=max_reqs))
+    # 4 / T4-T6: one unsplit dispatch of the largest rank; no graph means eager at max.
+    synced_mql = None if -1 in max_query_lens else max(max_query_lens)
+    desc = dispatch(table, batch.num_reqs, max_tokens, synced_uct, synced_mql)
+    state_reqs = desc.num_reqs if desc.cg_mode is FULL else max_reqs
+    return desc, DpSyncState((desc.num_tokens,) * dp, synced_uct, eager=False,
+                             num_reqs=state_reqs)
+
+
+def pad_and_split(rank: int, batch: RankBatch, desc: GraphDescriptor,
+                  state: DpSyncState | None) -> StepPlan:
+    """§2.4: pad to max(N_r, G) tokens and to the descriptor's requests when it sets them;
+    §4.1: a split step gets k regions of floor(P/k), the last taking the rest."""
+    real = batch.num_tokens
+    padded = max(real, desc.num_tokens)
+    num_reqs = batch.num_reqs if desc.num_reqs is None else desc.num_reqs
+    regions = []
+    if desc.num_ubatches > 1:
+        k = desc.num_ubatches
+        size = padded // k
+        for i in range(k):
+            start = i * size
+            end = padded if i == k - 1 else start + size
+            regions.append(Region(end - start, max(0, min(end, real) - start)))
+    return StepPlan(rank, desc, state, padded, num_reqs, real, tuple(regions))

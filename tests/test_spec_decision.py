@@ -1,0 +1,209 @@
+"""The spec oracle (harness/check/spec_decision.py): it agrees with the harness's decision
+code on every drawn config and skew, it alone catches slips in that code that change no
+output row and no cross-rank agreement, and it shares no code with the decision code."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import subprocess
+import sys
+import textwrap
+from dataclasses import replace
+from pathlib import Path
+
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from harness.batch import RankBatch
+from harness.check.judge import judge
+from harness.check.spec_decision import spec_plans
+from harness.config import CudaGraphMode, Guard, HarnessConfig, Twins
+from harness.gen.strategies import configs, fuzz_configs, rank_batch, skewed_batches
+from harness.scenario import scenario_from_dict
+from harness.sut import dp_sync
+from harness.sut.step_plan import plan_without_world
+from harness.timeouts import Timeouts
+from harness.world.sim import SimWorld
+
+ROOT = Path(__file__).resolve().parents[1]
+ORACLE = ROOT / "harness" / "check" / "spec_decision.py"
+FAST = Timeouts(collective_s=2.0, hang_s=4.0, step_deadline_s=15.0)
+SMALL = {"capture_sizes": (16, 32), "max_num_reqs": 32, "max_num_batched_tokens": 64,
+         "decode_threshold": 8, "prefill_threshold": 16}
+
+# The variant switches the oracle must model as the config selects them (docs/spec.md §7).
+SWITCHES = {"guard": st.sampled_from(list(Guard)), "twins": st.sampled_from(list(Twins)),
+            "threshold_offset_rank": st.one_of(st.none(), st.integers(0, 1)),
+            "threshold_offset": st.integers(-4, 16)}
+
+
+@st.composite
+def wide_configs(draw) -> HarnessConfig:
+    """The decision layer's wide configs with every switch drawn, microbatching sometimes
+    off (where PIECEWISE and low thresholds are legal)."""
+    config = draw(configs(guards=tuple(Guard)))
+    changes = {"twins": draw(SWITCHES["twins"])}
+    if draw(st.integers(0, 4)) == 0:
+        changes.update(enable_dbo=False, ubatch_size=0,
+                       cudagraph_mode=draw(st.sampled_from(list(CudaGraphMode))),
+                       decode_threshold=draw(st.integers(0, 8)),
+                       capture_sizes=draw(st.one_of(st.none(),
+                                                    st.just(config.capture_sizes))))
+    elif draw(st.booleans()):
+        changes.update(threshold_offset_rank=draw(st.integers(0, config.dp_size - 1)),
+                       threshold_offset=draw(st.integers(0, 16)))
+    if draw(st.integers(0, 5)) == 0:
+        changes["capture_sizes"] = None  # the default ladder of §0.3
+    return config.with_changes(**changes)
+
+
+@st.composite
+def decision_steps(draw):
+    """A config (the fuzzer's space or the wide one) and one batch per rank, from a skew
+    shape or each rank on its own."""
+    config = draw(st.one_of(fuzz_configs(drawn=SWITCHES), wide_configs()))
+    if draw(st.booleans()):
+        batches = draw(skewed_batches(config))
+    else:
+        batches = [draw(rank_batch(config)) for _ in range(config.dp_size)]
+    return config, batches
+
+
+@settings(max_examples=400, derandomize=True, deadline=None,
+          suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
+@given(decision_steps())
+# docs/spec.md §7.9: rank 1 lacks the 16 twin, so it splits eagerly where rank 0 replays.
+@example((HarnessConfig(**SMALL, threshold_offset_rank=1, threshold_offset=16),
+          [RankBatch.uniform(10, 1), RankBatch.uniform(12, 1)]))
+# §3.3: k = 3, G = 96, min 50 replays under both literal-2 guards, eager under `fixed`.
+@example((HarnessConfig(ubatch_size=3, enable_dbo=False, capture_sizes=(96,),
+                        max_num_reqs=96, max_num_batched_tokens=96, decode_threshold=8,
+                        guard=Guard.STRICT_K2),
+          [RankBatch.uniform(50, 1), RankBatch.uniform(96, 1)]))
+# §7.1: 2 * min = G replays under `merged` alone.
+@example((HarnessConfig(**SMALL, guard=Guard.MERGED),
+          [RankBatch.uniform(16, 1), RankBatch.uniform(32, 1)]))
+def test_the_oracle_plans_what_the_harness_plans_on_every_rank_and_field(step):
+    config, batches = step
+    assert spec_plans(config, batches) == plan_without_world(config, batches)
+
+
+# -- slips that no checker but the oracle sees -------------------------------------------------
+
+def slipped_decide(old: str, new: str):
+    """dp_sync.decide_from_matrix with one source line changed: a slip no switch selects."""
+    source = textwrap.dedent(inspect.getsource(dp_sync.decide_from_matrix))
+    assert source.count(old) == 1, f"{old!r} is no longer in decide_from_matrix"
+    namespace = dict(vars(dp_sync))
+    exec(compile(source.replace(old, new), dp_sync.__file__, "exec"), namespace)
+    return namespace["decide_from_matrix"]
+
+
+def judged(config: dict, ranks: list):
+    scenario = scenario_from_dict({"config": config, "steps": [{"ranks": ranks}]})
+    with SimWorld(scenario.config.dp_size, FAST) as world:
+        return judge(world.run(scenario))
+
+
+def failing(result) -> dict[str, str]:
+    return {v.checker: v.detail for _, v in result.failed_verdicts()}
+
+
+# Rank 0 (4 tokens) is below the decode threshold 8, so nobody splits (docs/spec.md §1.3,
+# §3.1): every rank replays the unsplit 32-token graph.
+BELOW_THRESHOLD = [{"tokens": 4}, {"tokens": 20}, {"tokens": 24}]
+# Uniform decodes next to a mixed rank: no synced uniform token count (docs/spec.md §1.2).
+DECODES_BESIDE_A_MIXED_RANK = [{"tokens": 6}, {"tokens": 5}, {"query_lens": [3, 5]}]
+
+
+def test_the_sim_world_passes_every_checker_on_the_slip_scenarios_without_a_slip():
+    for ranks in (BELOW_THRESHOLD, DECODES_BESIDE_A_MIXED_RANK):
+        result = judged(SMALL, ranks)
+        assert result.ok, result.failed_verdicts()
+        assert "spec_decision" in {v.checker for v in result.steps[0].verdicts}
+
+
+def test_a_threshold_tested_on_the_largest_rank_is_caught_by_the_oracle_alone(monkeypatch):
+    monkeypatch.setattr(dp_sync, "decide_from_matrix",
+                        slipped_decide("min_tokens = min(tokens)", "min_tokens = max(tokens)"))
+    result = judged(SMALL, BELOW_THRESHOLD)
+    # The slip splits eagerly (the guard sends 4 tokens to eager): the same rows on every
+    # rank, the same decision everywhere, so only the oracle sees it.
+    assert {r.executed for r in result.steps[0].records} == {"eager-microbatched"}
+    assert failing(result) == {"spec_decision": "rank 0: cg_mode: NONE (spec: FULL)"}
+
+
+def test_a_uniform_decode_count_synced_from_rank_0_alone_is_caught_by_the_oracle_alone(
+        monkeypatch):
+    slip = slipped_decide("ucts[0] != 0 and all(u == ucts[0] for u in ucts)", "ucts[0] != 0")
+    monkeypatch.setattr(dp_sync, "decide_from_matrix", slip)
+    result = judged(SMALL, DECODES_BESIDE_A_MIXED_RANK)
+    assert {r.executed for r in result.steps[0].records} == {"replay"}
+    assert failing(result) == {"spec_decision": "rank 0: synced uct: 1 (spec: None)"}
+
+
+def test_a_slip_on_one_rank_only_is_named_on_that_rank(monkeypatch):
+    # The last rank alone takes its own token count as everyone's: the ranks then disagree,
+    # and the oracle names that rank (agreement sees the disagreement too).
+    original = dp_sync.decide_from_matrix
+
+    def last_rank_slips(config, table, rows, batch):
+        decision = original(config, table, rows, batch)
+        if batch.num_tokens == 24 and decision.state is not None:
+            state = replace(decision.state, num_tokens_across_dp=(24,) * 3)
+            return replace(decision, state=state)
+        return decision
+
+    monkeypatch.setattr(dp_sync, "decide_from_matrix", last_rank_slips)
+    result = judged(SMALL, BELOW_THRESHOLD)
+    assert failing(result)["spec_decision"] == ("rank 2: tokens_across_dp: (24, 24, 24) "
+                                                "(spec: (32, 32, 32))")
+
+
+# -- independence ----------------------------------------------------------------------------
+
+ALLOWED = {"harness.config", "harness.batch", "harness.history.decision"}
+
+
+def harness_imports(path: Path) -> set[str]:
+    """Every harness module a file imports, lazy imports included (ast, not execution)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return {name for name in found if name == "harness" or name.startswith("harness.")}
+
+
+def module_file(name: str) -> Path | None:
+    base = ROOT / Path(*name.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def test_the_oracle_imports_neither_the_harness_decision_code_nor_vllms():
+    direct = {m for m in harness_imports(ORACLE) if module_file(m) is not None}
+    assert direct <= ALLOWED, sorted(direct - ALLOWED)
+    seen, todo = set(), [*direct, "harness.check"]
+    while todo:  # what those modules import, at any depth
+        name = todo.pop()
+        if name in seen or module_file(name) is None:
+            continue
+        seen.add(name)
+        todo.extend(harness_imports(module_file(name)))
+    decision_code = sorted(m for m in seen if m.split(".")[1] in ("sut", "vllm_sut"))
+    assert decision_code == []
+
+
+def test_importing_the_oracle_loads_no_decision_code():
+    code = ("import sys, harness.check.spec_decision\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('harness.sut', "
+            "'harness.vllm_sut'))))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.strip() == "[]"
