@@ -1,1 +1,2 @@
-"""Generators: Hypothesis strategies (and, later, exhaustive enumeration) of scenarios."""
+"""Generators: Hypothesis strategies of configs, DP skew shapes and scenarios. They know
+nothing of worlds or checkers."""
