@@ -31,8 +31,7 @@ def make_runner(variant: str = "abortable", **kw) -> MicrobatchThreads:
 def start(runner: MicrobatchThreads, bodies):
     streams = CpuStreams()
     compute = streams.new_stream("compute")
-    comm = streams.new_stream("comm")
-    return runner.begin_run(bodies, streams, compute, comm)
+    return runner.begin_run(bodies, streams, compute)
 
 
 def run(runner: MicrobatchThreads, bodies):

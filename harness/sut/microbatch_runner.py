@@ -64,7 +64,6 @@ class MicrobatchRunner:
         # reads them at fixed addresses.
         self.metas = [UbatchMetadata(config.max_num_reqs, streams.device)
                       for _ in range(self.num_ubatches)]
-        self.comm_stream = streams.new_stream("ubatch-comm")
         self.capture_stream = streams.new_stream("ubatch-capture")
         self.threads = MicrobatchThreads(config.protocol.value, hang_timeout_s=hang_timeout_s,
                                          barrier_timeout_s=hang_timeout_s)
@@ -95,7 +94,7 @@ class MicrobatchRunner:
         bodies = [self._body(model, cache, mb, faults)
                   for mb in state.microbatches]
         finish_threads = self.threads.begin_run(
-            bodies, self.streams, compute_stream, self.comm_stream,
+            bodies, self.streams, compute_stream,
             setup=self._thread_setup(for_capture, compute_stream))
 
         def finish() -> None:
@@ -142,8 +141,7 @@ class MicrobatchRunner:
             # New threads do not inherit the device; cuBLAS must allocate before a capture.
             torch.cuda.set_device(device)
             if warm:
-                for stream in (compute_stream, self.comm_stream):
-                    with self.streams.use(stream):
-                        torch.cuda.current_blas_handle()
+                with self.streams.use(compute_stream):
+                    torch.cuda.current_blas_handle()
 
         return setup

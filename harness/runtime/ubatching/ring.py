@@ -54,13 +54,12 @@ class RunState:
 class UBatchContext:
     """One microbatch's end of the ring. Use only from its own thread."""
 
-    def __init__(self, run: RunState, ubatch_id: int, streams: Any, compute_stream: Any,
-                 comm_stream: Any) -> None:
+    def __init__(self, run: RunState, ubatch_id: int, streams: Any,
+                 compute_stream: Any) -> None:
         self._run = run
         self.id = ubatch_id
         self.streams = streams
         self.compute_stream = compute_stream
-        self.comm_stream = comm_stream
         self.current_stream = compute_stream
         self.wait_event = run.ring[ubatch_id]
         self.signal_event = run.ring[(ubatch_id + 1) % run.k]

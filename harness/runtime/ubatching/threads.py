@@ -126,8 +126,8 @@ class MicrobatchThreads(Generic[T]):
         return [t for t in run.threads if t.is_alive()] if run is not None else []
 
     def begin_run(self, bodies: Sequence[Callable[[UBatchContext], T]], streams: Any,
-                  compute_stream: Any, comm_stream: Any,
-                  setup: Callable[[], None] | None = None) -> Callable[[], list[T]]:
+                  compute_stream: Any, setup: Callable[[], None] | None = None
+                  ) -> Callable[[], list[T]]:
         """Start one thread per body, park them at the ready barrier, return `finish`.
 
         `setup` runs first in every thread, before the barrier (outside any graph capture).
@@ -141,7 +141,7 @@ class MicrobatchThreads(Generic[T]):
                        poll_interval_s=self.poll_interval_s,
                        ring=[threading.Event() for _ in range(k)],
                        barrier=threading.Barrier(k + 1))
-        run.contexts = [UBatchContext(run, i, streams, compute_stream, comm_stream)
+        run.contexts = [UBatchContext(run, i, streams, compute_stream)
                         for i in range(k)]
         run.slots = list(run.contexts)
         for ctx, body in zip(run.contexts, bodies, strict=True):
@@ -174,9 +174,9 @@ class MicrobatchThreads(Generic[T]):
         return finish
 
     def run(self, bodies: Sequence[Callable[[UBatchContext], T]], streams: Any,
-            compute_stream: Any, comm_stream: Any) -> list[T]:
+            compute_stream: Any) -> list[T]:
         """Eager run: `begin_run(...)()`."""
-        return self.begin_run(bodies, streams, compute_stream, comm_stream)()
+        return self.begin_run(bodies, streams, compute_stream)()
 
     def abort_pending(self) -> list[int]:
         """Release a begun run that will never be finished; returns ids still alive (empty
