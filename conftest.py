@@ -76,6 +76,14 @@ class _SummarisedWorld:
 
     def run(self, scenario):
         """The world's history of `scenario`, as the world hands it back."""
+        return self._run_and_judge(scenario)[0]
+
+    def judged(self, scenario):
+        """`scenario` run on the world and through the checkers."""
+        return self._run_and_judge(scenario)[1]
+
+    def _run_and_judge(self, scenario):
+        # Judged once, for the closing table and for whoever asked for the verdicts.
         from harness.check.judge import judge
 
         start = time.monotonic()
@@ -85,13 +93,7 @@ class _SummarisedWorld:
         failed = sorted({v.checker for _, v in result.failed_verdicts()})
         _SUMMARY.append((scenario.name, scenario.config.dp_size, len(result.steps), result.ok,
                          ", ".join(failed), seconds))
-        return history
-
-    def judged(self, scenario):
-        """`scenario` run on the world and through the checkers."""
-        from harness.check.judge import judge
-
-        return judge(self.run(scenario))
+        return history, result
 
 
 def _session_world(request: pytest.FixtureRequest, nproc: int, timeouts):

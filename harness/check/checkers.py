@@ -9,13 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import torch
-
 from harness.check.agreement import first_disagreement
 from harness.check.reference import ReferenceRows
 from harness.errors import ErrorOrigin
 from harness.history.decision import StepPlan
-from harness.history.records import Rows, StartupRecord, StepRecord
+from harness.history.records import Rows, StartupRecord, StepRecord, rows_tensor
 from harness.history.step_error import StepError
 from harness.model.reference import mismatched_rows
 
@@ -154,14 +152,10 @@ def check_no_empty_region(records: Sequence[StepRecord]) -> Verdict:
 
 def _first_difference(got: Rows, want: Rows) -> int | None:
     """The first row index where `got` and `want` differ (or where one runs out)."""
-    bad = mismatched_rows(_tensor(got), _tensor(want), TOLERANCE)
+    bad = mismatched_rows(rows_tensor(got), rows_tensor(want), TOLERANCE)
     if bad:
         return bad[0]
     return None if len(got) == len(want) else min(len(got), len(want))
-
-
-def _tensor(rows: Rows) -> torch.Tensor:
-    return torch.tensor(rows, dtype=torch.float64) if rows else torch.zeros(0, 0)
 
 
 def check_reference(records: Sequence[StepRecord], reference: ReferenceRows) -> Verdict:

@@ -13,10 +13,9 @@ import torch
 
 from harness.config import HarnessConfig
 from harness.history.decision import GraphDescriptor
-from harness.history.records import StepRecord
+from harness.history.records import StepRecord, rows_tensor
 from harness.model.reference import ReferenceStep, diff_against_reference, reference_step
 from harness.model.state import RequestSpec, initial_state
-from harness.model.weights import DTYPE
 from harness.scenario import RankStep, Scenario
 from harness.sut.rank_runtime import RankRuntime
 from harness.sut.step_loop import run_steps
@@ -52,10 +51,6 @@ class CheckedStep:
         error = f", error {rec.error.describe()}" if rec.error is not None else ""
         return (f"step {rec.step}: {rec.executed} on {graph}{error}; "
                 f"{len(self.problems)} differences {list(self.problems[:3])}")
-
-
-def rows_tensor(rows) -> torch.Tensor:
-    return torch.tensor(rows, dtype=DTYPE) if rows else torch.zeros(0, 0, dtype=DTYPE)
 
 
 def run_checked(runtime: RankRuntime, scenario: Scenario, atol: float = 1e-9

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import torch
+
 from harness.history.decision import StepPlan
 from harness.history.step_error import StepError
 
@@ -88,3 +90,9 @@ def span(sl) -> Span:
 def rows_of(tensor) -> Rows:
     """A tensor's rows as nested tuples of floats."""
     return tuple(tuple(row) for row in tensor.tolist())
+
+
+def rows_tensor(rows: Rows) -> torch.Tensor:
+    """Recorded rows back as a float64 tensor (the model's dtype); none: a 0 x 0 tensor."""
+    return (torch.tensor(rows, dtype=torch.float64) if rows
+            else torch.zeros(0, 0, dtype=torch.float64))
