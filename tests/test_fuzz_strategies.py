@@ -14,6 +14,7 @@ from harness.gen.strategies import (
     fuzz_configs,
     skewed_token_counts,
     steering,
+    steps_with_microbatch_threads,
     straddling_token_counts,
 )
 from harness.scenario import RankStep, Scenario
@@ -88,3 +89,24 @@ def test_steering_is_highest_at_the_guard_boundary_and_counts_padding():
     at_boundary, away = steering(scenario(8, 16)), steering(scenario(12, 16))
     assert at_boundary["guard boundary closeness"] > away["guard boundary closeness"]
     assert steering(scenario(9, 10))["padding"] == 7.0  # 9 tokens padded to the 16 graph
+
+
+def test_most_microbatch_faults_land_on_a_step_whose_microbatch_threads_run():
+    # Only there can such a fault fire; on DP 4 those steps are a minority of the drawn ones.
+    strategy = scenario_strategy(VARIANTS["stock-protocol"], {}, (4,))
+    aimed, with_threads = 0, 0
+
+    @settings(max_examples=200, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(strategy)
+    def count(scenario):
+        nonlocal aimed, with_threads
+        batches = [scenario.batches(i) for i in range(len(scenario.steps))]
+        threaded = steps_with_microbatch_threads(scenario.config, batches)
+        if threaded and len(threaded) < len(batches):
+            with_threads += 1
+            aimed += scenario.faults[0].step in threaded
+
+    count()
+    assert with_threads >= 10
+    assert aimed >= 0.65 * with_threads

@@ -217,14 +217,24 @@ def steps(draw, config_strategy=None) -> tuple[HarnessConfig, list[RankBatch]]:
 
 
 @st.composite
-def faults(draw, config: HarnessConfig, num_steps: int,
-           kinds: Sequence[FaultKind]) -> tuple[Fault, ...]:
-    """One fault of the given kinds, on any rank, step and microbatch."""
+def faults(draw, config: HarnessConfig, num_steps: int, kinds: Sequence[FaultKind],
+           threaded_steps: Sequence[int] = ()) -> tuple[Fault, ...]:
+    """One fault of the given kinds, on any rank, step and microbatch. Three draws in four
+    aim at a step whose microbatch threads run (`threaded_steps`): a microbatch fault fires
+    only there, and with many ranks such steps are rare among those drawn (docs/spec.md §5)."""
     if not kinds:
         return ()
+    aimed = threaded_steps and draw(st.integers(0, 3)) > 0
+    step = st.sampled_from(threaded_steps) if aimed else st.integers(0, num_steps - 1)
     return (Fault(draw(st.sampled_from(kinds)), draw(st.integers(0, config.dp_size - 1)),
-                  draw(st.integers(0, num_steps - 1)),
-                  draw(st.integers(0, max(config.num_ubatches, 1) - 1))),)
+                  draw(step), draw(st.integers(0, max(config.num_ubatches, 1) - 1))),)
+
+
+def steps_with_microbatch_threads(config: HarnessConfig,
+                                  steps: Sequence[Sequence[RankBatch]]) -> list[int]:
+    """The steps the harness's own decision runs as eager microbatched steps."""
+    return [i for i, batches in enumerate(steps)
+            if plan_without_world(config, batches)[0].kind == "eager-microbatched"]
 
 
 @st.composite
@@ -234,13 +244,13 @@ def scenarios(draw, config_strategy: st.SearchStrategy[HarnessConfig], *,
     """A whole scenario: a config, 1..max_steps steps of skewed batches, and maybe a fault
     (always when fault_every is 1, else about one scenario in fault_every)."""
     config = draw(config_strategy)
-    ranks = []
-    for _ in range(draw(st.integers(1, max_steps))):
-        batches = draw(skewed_batches(config))
-        ranks.append(tuple(RankStep(b.request_query_lens(), b.allow_ubatching)
-                           for b in batches))
-    planted = (draw(faults(config, len(ranks), fault_kinds))
-               if fault_kinds and draw(st.integers(0, fault_every - 1)) == 0 else ())
+    drawn = [draw(skewed_batches(config)) for _ in range(draw(st.integers(1, max_steps)))]
+    ranks = [tuple(RankStep(b.request_query_lens(), b.allow_ubatching) for b in batches)
+             for batches in drawn]
+    planted = ()
+    if fault_kinds and draw(st.integers(0, fault_every - 1)) == 0:
+        threaded = steps_with_microbatch_threads(config, drawn)
+        planted = draw(faults(config, len(ranks), fault_kinds, threaded))
     return Scenario(config, tuple(ranks), planted, name=name)
 
 
