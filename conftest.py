@@ -10,9 +10,11 @@ from hypothesis import settings
 
 from harness.errors import ConfigError
 from harness.fuzz.profiles import profile_from_environment
+from harness.runtime.intra_op import one_intra_op_thread
 from harness.world import BACKEND_HELP, BACKENDS, DEVICE_HELP, DEVICES
 
 settings.load_profile(profile_from_environment())
+one_intra_op_thread()  # each pytest worker judges on one core; xdist runs two of them
 
 _SUMMARY: list[tuple[str, int, int, bool, str, float]] = []
 

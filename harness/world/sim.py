@@ -16,6 +16,7 @@ from harness.errors import ConfigError
 from harness.faults import FaultKind
 from harness.history.records import StartupRecord, StepRecord
 from harness.history.scenario_history import ScenarioHistory, step_failed, steps_may_run
+from harness.runtime.intra_op import one_intra_op_thread
 from harness.scenario import Scenario
 from harness.sut.rank_runtime import RankRuntime
 from harness.sut.step_loop import run_steps
@@ -34,6 +35,7 @@ class SimWorld:
 
     def __init__(self, nproc: int, timeouts: Timeouts = DEFAULT_TIMEOUTS,
                  max_cached_configs: int = MAX_CACHED_CONFIGS) -> None:
+        one_intra_op_thread()  # its ranks are threads of this process, on few cores
         self.nproc = nproc
         self.timeouts = timeouts
         self.max_cached_configs = max_cached_configs
