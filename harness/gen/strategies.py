@@ -201,11 +201,40 @@ def straddling_token_counts(draw, config: HarnessConfig) -> list[int]:
 def skewed_batches(draw, config: HarnessConfig) -> list[RankBatch]:
     """One batch per rank: the token counts of a skew shape, laid out either as a pure
     decode step on every rank (what microbatched graphs serve) or each rank on its own."""
+    if config.dp_size > 1 and draw(st.integers(0, 7)) == 0:
+        mixed = draw(decode_beside_mixed(config))
+        if mixed:
+            return mixed
     counts = draw(skewed_token_counts(config))
     decode_limit = min(config.max_num_reqs, config.max_num_batched_tokens)
     if draw(st.booleans()) and max(counts) <= decode_limit:
         return [RankBatch.uniform(n, 1) for n in counts]
     return [draw(rank_batch(config, n)) for n in counts]
+
+
+@st.composite
+def decode_beside_mixed(draw, config: HarnessConfig) -> list[RankBatch]:
+    """Uniform decodes on some ranks beside mixed batches on the others, every rank past the
+    decode threshold and within one capture size: here the synced uniform-decode count and
+    the all-ranks uniform-decode test (docs/spec.md §1.2) decide the split and the graph.
+    Empty where the config leaves no such step."""
+    sizes = config.cudagraph_capture_sizes
+    decode_limit = min(config.max_num_reqs, config.max_num_batched_tokens)
+    top = min(draw(st.sampled_from(sizes)) if sizes else decode_limit, decode_limit)
+    low = max(config.decode_threshold, 2)  # a mixed batch needs two tokens
+    if low > top:
+        return []
+    near = [n for n in boundary_token_counts(config) if low <= n <= top]
+    count = st.one_of(st.integers(low, top), st.sampled_from(near)) if near else \
+        st.integers(low, top)
+    decoders = draw(st.sets(st.integers(0, config.dp_size - 1), min_size=1,
+                            max_size=config.dp_size - 1))
+    batches = []
+    for rank in range(config.dp_size):
+        n = draw(count)
+        reqs = n if rank in decoders else draw(st.integers(1, min(n - 1, config.max_num_reqs)))
+        batches.append(RankBatch.uniform(n, 1 if rank in decoders else None, num_reqs=reqs))
+    return batches
 
 
 @st.composite
