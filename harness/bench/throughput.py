@@ -145,26 +145,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--detection-budget", type=float, default=60.0, metavar="S")
     parser.add_argument("--worlds", default="sim,torchrun",
                         help="worlds to time detection on")
+    parser.add_argument("--variants", help="planted bugs to time detection of (default: all)")
     parser.add_argument("--sim-only", action="store_true",
-                        help="only the sim world's rows (in process and sandboxed)")
+                        help="throughput of the sim world only (in process and sandboxed)")
+    parser.add_argument("--detection-only", action="store_true",
+                        help="only the table of time to detection")
     args = parser.parse_args(argv)
 
     examples = decode_examples(args.examples)
     if args.sim_only:
         print_rows(sim_rows(examples), None)
         return 0
-    floor = collective_floor(args.examples)
-    steady, extra = persistent(examples)
-    spawned = spawn_per_example(examples[:args.spawned])
-    print_rows([steady, spawned, floor, *sim_rows(examples)], floor)
-    for name, value in extra.items():
-        print(f"{name}: {value:.2f}")
+    if not args.detection_only:
+        print_throughput(examples, args.spawned)
+    names = tuple(args.variants.split(",")) if args.variants else None
     seeds = random_seeds(args.detection_seeds)
     print(f"\ntime to detection from an empty example database, seeds {seeds}:")
     rows = [row for world in args.worlds.split(",")
-            for row in detection_rows(world, seeds, args.detection_budget)]
+            for row in detection_rows(world, seeds, args.detection_budget, names)]
     print_detection(rows)
     return 0
+
+
+def print_throughput(examples: list[Scenario], spawned_count: int) -> None:
+    floor = collective_floor(len(examples))
+    steady, extra = persistent(examples)
+    spawned = spawn_per_example(examples[:spawned_count])
+    print_rows([steady, spawned, floor, *sim_rows(examples)], floor)
+    for name, value in extra.items():
+        print(f"{name}: {value:.2f}")
 
 
 if __name__ == "__main__":

@@ -134,7 +134,10 @@ _users = 0
 
 def _acquire_zygote() -> Zygote:
     global _zygote
-    if _zygote is None or not _zygote.alive:
+    if _zygote is not None and not _zygote.alive:
+        _zygote.close()  # reaps it and removes its directory
+        _zygote = None
+    if _zygote is None:
         _zygote = Zygote()
     return _zygote
 
@@ -213,10 +216,16 @@ class SandboxedSimWorld:
                 self._zygote = _acquire_zygote()
                 channel, pid = self._zygote.fork(self.nproc, self.timeouts, self._dir)
             self.launches += 1
-            hello = channel.recv(timeout_s=ZYGOTE_START_S)
-            if hello != ("hello", pid):
-                raise SandboxError(f"the sim world's runner said {hello!r}")
             self._runner = (channel, pid)
+            try:
+                hello = channel.recv(timeout_s=ZYGOTE_START_S)
+            except (TimeoutError, ChannelClosed) as exc:
+                hello = exc
+            if hello != ("hello", pid):
+                code = self._end_runner()
+                raise SandboxError(f"the sim world's runner did not start ({hello!r}; it "
+                                   f"ended with {describe_exit(code)}):\n"
+                                   f"{_read_from(self._dir / 'stderr.txt', 0)[-2000:]}")
         return self._runner
 
     def _died(self, scenario, startup, steps, mark: int) -> ScenarioHistory:
