@@ -8,9 +8,11 @@ import json
 import os
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import time
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import psutil
@@ -28,6 +30,7 @@ from harness.world.crash import crash_errors, crashed_history
 from harness.world.evidence import native_abort_message
 from harness.world.processes import package_pythonpath
 from harness.world.sandbox import SandboxedSimWorld
+from harness.world.wire import Channel, ChannelClosed
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "scenarios"
@@ -111,6 +114,36 @@ def test_a_runner_killed_between_scenarios_is_named_and_replaced(sandbox):
     assert not startup.ok
     assert "RankCrashed: died of a fatal signal (SIGKILL: Killed)" in startup.detail
     assert judge(sandbox.run(scenario())).ok
+
+
+def test_a_runner_silent_past_every_bound_is_killed_and_reported_as_stuck():
+    tight = Timeouts(collective_s=0.2, hang_s=0.5, step_deadline_s=1.0)
+    with SandboxedSimWorld(2, tight, margin_s=0.5) as world:
+        assert judge(world.run(scenario())).ok
+        stopped = world.runner_pid
+        os.kill(stopped, signal.SIGSTOP)  # neither dies nor answers
+        start = time.monotonic()
+        result = judge(world.run(scenario()))
+        bound = tight.startup_deadline_s + 3 * tight.collective_s + 10.0 + 0.5
+        assert time.monotonic() - start < bound + 2 * 2.0 + 5.0  # the bound, the reap, slack
+        startup = next(v for v in result.startup_verdicts if v.checker == "startup")
+        assert not startup.ok and "did not finish capture" in startup.detail
+        assert "sent nothing for" in result.evidence
+        assert wait_gone([stopped]) == []
+        assert judge(world.run(scenario())).ok and world.runner_pid != stopped
+
+
+def test_a_channel_that_stays_silent_times_out_and_one_whose_peer_left_is_closed():
+    mine, theirs = socket.socketpair()
+    channel = Channel(Connection(os.dup(mine.fileno())))
+    mine.close()
+    with pytest.raises(TimeoutError) as silent:
+        channel.recv(timeout_s=0.05)
+    assert not isinstance(silent.value, ChannelClosed)
+    theirs.close()
+    with pytest.raises(ChannelClosed):
+        channel.recv(timeout_s=0.05)
+    channel.close()
 
 
 def test_a_crash_in_capture_fails_start_up_naming_the_crash():

@@ -156,10 +156,12 @@ class SandboxedSimWorld:
 
     graphs = "emulated"
 
-    def __init__(self, nproc: int, timeouts: Timeouts = DEFAULT_TIMEOUTS) -> None:
+    def __init__(self, nproc: int, timeouts: Timeouts = DEFAULT_TIMEOUTS,
+                 margin_s: float = MARGIN_S) -> None:
         global _users
         self.nproc = nproc
         self.timeouts = timeouts
+        self.margin_s = margin_s
         self.launches = 0  # runners forked so far (one more after every death)
         self._dir = Path(tempfile.mkdtemp(prefix="dbo-sim-"))
         self._runner: tuple[Channel, int] | None = None
@@ -190,8 +192,10 @@ class SandboxedSimWorld:
         startup, steps = None, []
         t = self.timeouts
         while True:
-            bound = (t.startup_deadline_s + 2 * t.collective_s + 5.0 if startup is None
-                     else t.step_deadline_s + 5.0) + MARGIN_S
+            # The bounds of the world inside (group set-up, runtimes, capture; a step), plus
+            # a margin: past them the runner itself is stuck.
+            bound = (t.startup_deadline_s + 3 * t.collective_s + 10.0 if startup is None
+                     else t.step_deadline_s + 5.0) + self.margin_s
             try:
                 message = channel.recv(timeout_s=bound)
             except TimeoutError:
