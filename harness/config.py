@@ -69,6 +69,15 @@ class All2AllBackend(enum.Enum):
     HIGH_THROUGHPUT = "deepep_high_throughput"  # yield first, then a blocking all-to-all
 
 
+class A2aBuffers(enum.Enum):
+    """How each microbatch's dispatch/combine all-to-all buffers are sized (docs/spec.md §5.4)."""
+
+    MAX_TOKENS = "max-tokens"  # max_num_batched_tokens per rank: equal on every rank
+    # The bug: sized from the microbatch's own unpadded token count, so ranks whose real
+    # tokens differ exchange different sizes (gloo aborts the receiving process).
+    UNPADDED = "unpadded"
+
+
 class DecisionSystem(enum.Enum):
     """Whose decision code the ranks run: candidates, dispatch, thresholds and the DP sync."""
 
@@ -170,6 +179,7 @@ class HarnessConfig:
     protocol: UbatchProtocol = UbatchProtocol.ABORTABLE
     all2all_backend: All2AllBackend = All2AllBackend.LOW_LATENCY
     capture_on: CaptureOn = CaptureOn.RUNNER
+    a2a_buffers: A2aBuffers = A2aBuffers.MAX_TOKENS
     sut: DecisionSystem = DecisionSystem.HARNESS
     # The GPU suite's world of one rank (one GPU): microbatching with dp_size 1, whose
     # all-to-all is a size-one NCCL op. Allowed nowhere else.
@@ -185,6 +195,8 @@ class HarnessConfig:
             All2AllBackend, self.all2all_backend, "all2all_backend"))
         object.__setattr__(self, "capture_on",
                            _parse_enum(CaptureOn, self.capture_on, "capture_on"))
+        object.__setattr__(self, "a2a_buffers",
+                           _parse_enum(A2aBuffers, self.a2a_buffers, "a2a_buffers"))
         object.__setattr__(self, "sut", _parse_enum(DecisionSystem, self.sut, "sut"))
         if self.capture_sizes is not None:
             if not isinstance(self.capture_sizes, list | tuple):

@@ -14,6 +14,7 @@ from harness.cli import EXIT_BAD_INPUT, EXIT_FOUND, EXIT_OK, main
 from harness.errors import ConfigError
 from harness.scenario import load_scenario, scenario_from_dict
 from harness.timeouts import Timeouts
+from harness.world.pool import WorldPool
 from harness.world.sim import SimWorld
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
@@ -119,13 +120,22 @@ def test_the_abortable_protocol_names_the_failed_microbatch_and_leaves_no_thread
     assert rank0.threads_alive == () and rank0.pending_run is False
 
 
+@pytest.fixture(scope="module")
+def sandboxed():
+    """Sim worlds in their sandbox process: a scenario whose ranks abort must not end pytest."""
+    with WorldPool("sim", "gloo", FAST) as pool:
+        yield pool
+        assert pool.close() == []
+
+
 @pytest.mark.parametrize("path", sorted(SCENARIOS.glob("*.json")), ids=lambda p: p.stem)
-def test_each_regression_scenario_is_caught_by_its_checker_and_clean_in_the_reference(path):
+def test_each_regression_scenario_is_caught_by_its_checker_and_clean_in_the_reference(
+        sandboxed, path):
     scenario = load_scenario(path)
     assert scenario.caught_by and scenario.reference_changes
-    buggy = run_scenario(scenario, FAST)
+    buggy = judge(sandboxed.run(scenario))
     assert scenario.caught_by in [v.checker for _, v in buggy.failed_verdicts()]
-    clean = run_scenario(scenario.with_reference_behaviour(), FAST)
+    clean = judge(sandboxed.run(scenario.with_reference_behaviour()))
     assert clean.ok, clean.failed_verdicts()
 
 

@@ -19,7 +19,7 @@ from scenario_width import with_dp_size
 from harness.check.judge import judge
 from harness.cli import EXIT_BAD_INPUT, main
 from harness.errors import ConfigError
-from harness.scenario import scenario_from_dict
+from harness.scenario import load_scenario, scenario_from_dict
 from harness.timeouts import Timeouts
 from harness.world.backends import check_backend
 from harness.world.gpus import pids_holding_gpu_memory
@@ -110,6 +110,24 @@ def test_a_rank_that_aborts_is_named_with_its_signal_and_last_collective(faulty_
     assert errors.ok and "rank 1 RankCrashed" in errors.detail
     assert run_and_check_cleanup(faulty_world, scenario([], nproc=faulty_world.nproc)).ok
     assert faulty_world.launches > launches
+
+
+def test_a_size_mismatched_all_to_all_is_named_by_the_rank_gloo_aborted(faulty_world):
+    if faulty_world.backend != "gloo":
+        pytest.skip("gloo's size check aborts the rank; NCCL compares no sizes")
+    planted = with_dp_size(load_scenario(ROOT / "scenarios" / "a2a-unpadded-sizes.json"),
+                           faulty_world.nproc)
+    result = run_and_check_cleanup(faulty_world, planted)
+    assert result.steps[0].ok  # the replayed step keeps its captured sizes
+    # The idle rank 0 holds 2 rows a peer and receives its peers' 10: it is the one aborted.
+    crashed = result.steps[1].records[0]
+    assert crashed.error.kind == "RankCrashed", crashed.error
+    assert crashed.error.message == ("died of a fatal signal (Aborted); its last collective: "
+                                     f"all_to_all [{3 * faulty_world.nproc}, 19] float64")
+    assert "Received data size doesn't match expected size" in crashed.error.cause
+    errors = next(v for v in result.steps[1].verdicts if v.checker == "errors")
+    assert not errors.ok and errors.detail.startswith("rank 0: RankCrashed"), errors.detail
+    assert run_and_check_cleanup(faulty_world, planted.with_reference_behaviour()).ok
 
 
 def test_a_rank_that_skips_the_sync_leaves_its_peer_timing_out_not_hanging(faulty_world):

@@ -33,13 +33,15 @@ class DetectionRow:
         return None if self.found < len(self.seconds) else max(self.seconds)
 
 
-def detection_rows(world: str, seeds: list[int], budget_s: float) -> list[DetectionRow]:
+def detection_rows(world: str, seeds: list[int], budget_s: float,
+                   names: tuple[str, ...] | None = None) -> list[DetectionRow]:
+    """Rows for every planted bug, or for those `names` only."""
     nproc = None if world == "sim" else 2
     dp_sizes = SIM_DP_SIZES if nproc is None else (nproc,)
     rows = []
     with WorldPool(world, "gloo", FUZZ_TIMEOUTS, nproc) as pool:
         for name, variant in VARIANTS.items():
-            if variant.is_reference:
+            if variant.is_reference or (names is not None and name not in names):
                 continue
             seconds, examples = [], []
             for seed in seeds:

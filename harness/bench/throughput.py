@@ -5,6 +5,9 @@ then the fuzzer's time to detection of every planted bug, per world.
   real all-to-alls, records back to the driver, reference and checkers);
 - spawn per example: a fresh torchrun job for each example, as spawn-per-test harnesses do;
 - collective floor: a torchrun job looping only the collectives one such step issues.
+
+Then the sim world on the same examples, side by side: its ranks as threads of this process,
+and in its sandbox process (the default world, which survives a rank that aborts).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from harness.check.judge import judge
 from harness.scenario import Scenario, scenario_from_dict
 from harness.timeouts import Timeouts
 from harness.world.processes import package_pythonpath
+from harness.world.sandbox import SandboxedSimWorld
+from harness.world.sim import SimWorld
 from harness.world.torchrun import TorchrunWorld
 
 CONFIG = {"capture_sizes": [16, 32, 64], "max_num_reqs": 64, "max_num_batched_tokens": 64,
@@ -94,6 +99,37 @@ def collective_floor(iterations: int) -> Row:
     return Row("collective floor (sync + 4 all-to-alls)", iterations, seconds)
 
 
+def sim_rows(examples: list[Scenario], rounds: int = 4) -> list[Row]:
+    """The sim world in this process and sandboxed, fed alternating slices of the examples
+    so that a machine's load falls on both alike."""
+    worlds = {"sim world, ranks in this process": SimWorld(2, Timeouts()),
+              "sim world, sandboxed (the default)": SandboxedSimWorld(2, Timeouts())}
+    seconds = dict.fromkeys(worlds, 0.0)
+    try:
+        for world in worlds.values():
+            world.run(examples[0])  # capture happens once per config
+        size = -(-len(examples) // rounds)
+        for i in range(0, len(examples), size):
+            for mode, world in worlds.items():
+                start = time.perf_counter()
+                for example in examples[i:i + size]:
+                    assert judge(world.run(example)).ok
+                seconds[mode] += time.perf_counter() - start
+    finally:
+        for world in worlds.values():
+            world.close()
+    return [Row(mode, len(examples), s) for mode, s in seconds.items()]
+
+
+def print_rows(rows: list[Row], floor: Row | None) -> None:
+    print(f"{'mode':42} {'examples':>8} {'seconds':>8} {'examples/s':>10} {'ms/example':>10} "
+          f"{'x floor':>8}  mix")
+    for row in rows:
+        times = f"{row.ms_per_example / floor.ms_per_example:8.1f}" if floor else f"{'-':>8}"
+        print(f"{row.mode:42} {row.examples:>8} {row.seconds:8.2f} {row.per_second:10.1f} "
+              f"{row.ms_per_example:10.2f} {times}  {row.note}")
+
+
 def _env() -> dict[str, str]:
     import os
 
@@ -109,27 +145,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--detection-budget", type=float, default=60.0, metavar="S")
     parser.add_argument("--worlds", default="sim,torchrun",
                         help="worlds to time detection on")
+    parser.add_argument("--variants", help="planted bugs to time detection of (default: all)")
+    parser.add_argument("--sim-only", action="store_true",
+                        help="throughput of the sim world only (in process and sandboxed)")
+    parser.add_argument("--detection-only", action="store_true",
+                        help="only the table of time to detection")
     args = parser.parse_args(argv)
 
     examples = decode_examples(args.examples)
-    floor = collective_floor(args.examples)
-    steady, extra = persistent(examples)
-    spawned = spawn_per_example(examples[:args.spawned])
-    rows = [steady, spawned, floor]
-    print(f"{'mode':42} {'examples':>8} {'seconds':>8} {'examples/s':>10} {'ms/example':>10} "
-          f"{'x floor':>8}  mix")
-    for row in rows:
-        print(f"{row.mode:42} {row.examples:>8} {row.seconds:8.2f} {row.per_second:10.1f} "
-              f"{row.ms_per_example:10.2f} {row.ms_per_example / floor.ms_per_example:8.1f}  "
-              f"{row.note}")
-    for name, value in extra.items():
-        print(f"{name}: {value:.2f}")
+    if args.sim_only:
+        print_rows(sim_rows(examples), None)
+        return 0
+    if not args.detection_only:
+        print_throughput(examples, args.spawned)
+    names = tuple(args.variants.split(",")) if args.variants else None
     seeds = random_seeds(args.detection_seeds)
     print(f"\ntime to detection from an empty example database, seeds {seeds}:")
     rows = [row for world in args.worlds.split(",")
-            for row in detection_rows(world, seeds, args.detection_budget)]
+            for row in detection_rows(world, seeds, args.detection_budget, names)]
     print_detection(rows)
     return 0
+
+
+def print_throughput(examples: list[Scenario], spawned_count: int) -> None:
+    floor = collective_floor(len(examples))
+    steady, extra = persistent(examples)
+    spawned = spawn_per_example(examples[:spawned_count])
+    print_rows([steady, spawned, floor, *sim_rows(examples)], floor)
+    for name, value in extra.items():
+        print(f"{name}: {value:.2f}")
 
 
 if __name__ == "__main__":

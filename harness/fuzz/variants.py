@@ -68,6 +68,11 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
             undo=(("threshold_offset", 0), ("threshold_offset_rank", None)),
             drawn=(("threshold_offset_rank", st.integers(0, 1)),
                    ("threshold_offset", st.integers(1, 32)))),
+    Variant("a2a-unpadded-sizes", "the all-to-all buffers sized from each microbatch's own "
+            "unpadded token count, so ranks with different real tokens exchange different "
+            "sizes (gloo aborts the process that receives more than it expects)",
+            changes=(("a2a_buffers", "unpadded"),), undo=(("a2a_buffers", "max-tokens"),),
+            caught_by=("errors", "startup")),
 )}
 
 

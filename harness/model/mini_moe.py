@@ -14,6 +14,8 @@ How the known bugs (docs/spec.md §7) show:
   peers' bounded wait raises CollectiveTimeout, or the output rows keep stale contents.
 - §7.5/§7.6 (unreachable or re-captured twins) cost buffers, not rows: `reserved_buffers()`.
 - §7.7 (asymmetric all-to-all): one rank's dispatch without its peers times out, bounded.
+- Buffers sized from a microbatch's own unpadded tokens (a2a_buffers=unpadded): ranks with
+  different real tokens exchange different sizes, and gloo aborts the receiving process.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from collections.abc import Callable
 
 import torch
 
-from harness.config import All2AllBackend, HarnessConfig
+from harness.config import A2aBuffers, All2AllBackend, HarnessConfig
 from harness.model.comm_buffers import (
     EXPERT_COL,
     NUM_PROVENANCE_COLS,
@@ -67,30 +69,40 @@ class MiniMoE:
         # DeepEP low-latency style: a fixed max tokens per rank, so every rank sends the same
         # sizes whatever its own batch (an idle or unpadded rank included).
         self.capacity = config.max_num_batched_tokens * config.top_k
+        self.unpadded_buffers = config.a2a_buffers is A2aBuffers.UNPADDED
         self.blocking_all_to_all = config.all2all_backend is All2AllBackend.HIGH_THROUGHPUT
-        self._buffers: dict[tuple[int, int], CommBuffers] = {}
+        self._buffers: dict[tuple[int, int, int], CommBuffers] = {}
+        self._last: dict[tuple[int, int], CommBuffers] = {}  # last used, per microbatch size
         self._lock = threading.Lock()
 
     # -- buffers ---------------------------------------------------------------------------
 
-    def reserve(self, ubatch_id: int, num_tokens: int) -> CommBuffers:
+    def reserve(self, ubatch_id: int, num_tokens: int,
+                real_tokens: int | None = None) -> CommBuffers:
         """The comm buffers of microbatch `ubatch_id` at `num_tokens` (allocated on first use;
         call before a capture so the capture allocates nothing)."""
-        key = (ubatch_id, num_tokens)
+        capacity = self.capacity
+        if self.unpadded_buffers:
+            # The planted bug: this rank's own real tokens, not a size every rank shares.
+            capacity = (num_tokens if real_tokens is None else real_tokens) * self.top_k
+        key = (ubatch_id, num_tokens, capacity)
         with self._lock:
             if key not in self._buffers:
-                self._buffers[key] = CommBuffers.allocate(self.peers, self.capacity, self.width,
+                self._buffers[key] = CommBuffers.allocate(self.peers, capacity, self.width,
                                                           self.device)
+            self._last[(ubatch_id, num_tokens)] = self._buffers[key]
             return self._buffers[key]
 
-    def reserved_buffers(self) -> dict[tuple[int, int], CommBuffers]:
+    def reserved_buffers(self) -> dict[tuple[int, int, int], CommBuffers]:
         with self._lock:
             return dict(self._buffers)
 
     def received_routes(self, ubatch_id: int, num_tokens: int) -> list[tuple[int, int, int]]:
         """(source rank, token index, expert) of every row the last dispatch delivered here.
         Reads the buffers on the host: for checks after a step, never inside one."""
-        bufs = self.reserve(ubatch_id, num_tokens)
+        with self._lock:
+            bufs = self._last.get((ubatch_id, num_tokens))
+        bufs = bufs or self.reserve(ubatch_id, num_tokens)
         recv = bufs.dispatch_recv.view(bufs.peers, bufs.capacity + 1, self.width).cpu()
         routes = []
         for block in recv:
@@ -108,7 +120,8 @@ class MiniMoE:
         with torch.no_grad():
             hidden, real = self.attention(mb, cache)
             topk_weights, topk_ids = self.route(hidden, real)
-            handle, expert_in = self._prepare(hidden, topk_ids, mb.tok_start, overlap)
+            handle, expert_in = self._prepare(hidden, topk_ids, mb.tok_start, overlap,
+                                              mb.real_tokens)
             expert_out = self._experts(expert_in, handle.buffers)
             moe_out = self._finalize(expert_out, handle, topk_weights, overlap)
             mb.output.copy_(hidden + moe_out)
@@ -146,10 +159,11 @@ class MiniMoE:
         return weights, torch.where(real.unsqueeze(1), ids, -1)
 
     def _prepare(self, hidden: torch.Tensor, topk_ids: torch.Tensor, tok_start: int,
-                 overlap: MicrobatchOverlap) -> tuple[DispatchHandle, torch.Tensor]:
+                 overlap: MicrobatchOverlap, real_tokens: int | None = None
+                 ) -> tuple[DispatchHandle, torch.Tensor]:
         overlap.maybe_run_recv_hook()
         num_tokens, k, h = hidden.shape[0], self.top_k, self.hidden_size
-        bufs = self.reserve(overlap.current_ubatch_id(), num_tokens)
+        bufs = self.reserve(overlap.current_ubatch_id(), num_tokens, real_tokens)
         ids = topk_ids.reshape(-1)
         routed = ids >= 0
         dest = ids.clamp(min=0) // self.experts_per_rank

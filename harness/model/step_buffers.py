@@ -35,6 +35,7 @@ class StepBuffers:
         self.seq_lens = torch.zeros(num_reqs, **i64)
         self.slot_ids = torch.full((num_reqs,), scratch_slot, **i64)
         self.output = torch.zeros(num_tokens, hidden_size, dtype=DTYPE, device=device)
+        self.real_tokens: int | None = None  # of the last batch filled in, known on the host
 
     @property
     def num_tokens(self) -> int:
@@ -71,6 +72,7 @@ class StepBuffers:
         self.slot_ids.copy_(torch.tensor([r.slot for r in requests]
                                          + [self.scratch_slot] * (self.num_reqs - m),
                                          dtype=torch.int64))
+        self.real_tokens = n
         return n
 
 
@@ -95,6 +97,7 @@ class Microbatch:
     seq_lens: torch.Tensor  # [R_m]
     slot_ids: torch.Tensor  # [R_m]
     output: torch.Tensor  # [T_m, H]
+    real_tokens: int | None = None  # its unpadded tokens, when the host knows them
 
     @property
     def num_tokens(self) -> int:
@@ -119,6 +122,8 @@ def prepare_microbatch(step: StepBuffers, meta: UbatchMetadata, sl: UbatchSlice,
     past = (step.query_start_loc[sl.req_stop] - sl.tok_stop).clamp(min=0)
     seq_lens[num_reqs - 1:].sub_(past)
     tokens = slice(sl.tok_start, sl.tok_stop)
+    real = (None if step.real_tokens is None
+            else max(0, min(sl.tok_stop, step.real_tokens) - sl.tok_start))
     return Microbatch(ubatch_id, sl.tok_start, step.input_ids[tokens], step.positions[tokens],
                       step.is_padding[tokens], qsl, seq_lens,
-                      step.slot_ids[sl.req_start:sl.req_stop], step.output[tokens])
+                      step.slot_ids[sl.req_start:sl.req_stop], step.output[tokens], real)

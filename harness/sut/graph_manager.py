@@ -140,6 +140,8 @@ class GraphManager:
             prepare_microbatch(captured.buffers, self.whole_step_meta, captured.buffers.whole())
             split = (captured.buffers.whole(),)
         captured.graph.replay()
+        for i, sl in enumerate(captured.split):  # the replay's routes are in the captured ones
+            self.model.reserve(i, sl.num_tokens)
         return split
 
     def graph_bytes(self, desc: GraphDescriptor) -> int:

@@ -1,5 +1,6 @@
-"""Worlds: where the ranks live. `sim`: threads of this process with real gloo groups;
-`torchrun`: persistent processes launched by torchrun and fed by a driver."""
+"""Worlds: where the ranks live. `sim`: threads with real gloo groups, in a sandbox process
+that may die without taking the driver along; `torchrun`: persistent processes launched by
+torchrun and fed by a driver."""
 
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ def open_world(kind: str, nproc: int, backend: str = "gloo",
         if backend != "gloo" or device not in (None, "cpu"):
             raise ConfigError("backend" if backend != "gloo" else "device",
                               "the sim world runs gloo on the CPU only")
-        from harness.world.sim import SimWorld
+        from harness.world.sandbox import SandboxedSimWorld
 
-        return SimWorld(nproc, timeouts)
+        return SandboxedSimWorld(nproc, timeouts)
     if kind == "torchrun":
         from harness.world.torchrun import TorchrunWorld
 

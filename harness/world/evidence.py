@@ -64,3 +64,19 @@ def last_collective(trace_dir: Path, rank: int) -> str | None:
 
 def _size(path: Path) -> int:
     return path.stat().st_size if path.exists() else 0
+
+
+def native_abort_message(text: str) -> str | None:
+    """What a native library said as it aborted the process, from its stderr: C++'s
+    "terminate called after throwing an instance of 'T'" then "what(): M", as "T: M"."""
+    kind, what = None, None
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("terminate called after throwing an instance of "):
+            kind = line.removeprefix("terminate called after throwing an instance of ")
+            kind = kind.strip("'")
+        elif line.startswith("what():") and what is None:
+            what = line.removeprefix("what():").strip()
+    if what is None:
+        return None
+    return f"{kind}: {what}" if kind else what

@@ -5,11 +5,18 @@ The world persists across scenarios, as the torchrun world does: its groups and 
 config's captured graphs are reused, so a fuzzer pays the capture once per config. After a
 failed or hung rank the groups are suspect (gloo closes a pair whose collective timed out),
 so the world is rebuilt before the next scenario; a scenario stops at that failed step.
+
+Run inside the sandbox process (harness/world/sandbox.py) it writes each rank's collective
+trace to a file before every call, and lets a fault end the process, as a rank's would.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
 
 from harness.config import HarnessConfig
 from harness.errors import ConfigError
@@ -34,11 +41,17 @@ class SimWorld:
     graphs = "emulated"  # the graph backend its ranks capture with
 
     def __init__(self, nproc: int, timeouts: Timeouts = DEFAULT_TIMEOUTS,
-                 max_cached_configs: int = MAX_CACHED_CONFIGS) -> None:
+                 max_cached_configs: int = MAX_CACHED_CONFIGS,
+                 trace_dir: Path | None = None, own_process: bool = False) -> None:
+        """`trace_dir`: where rank r's collective trace goes (collectives-r.txt).
+        `own_process`: this process is the world's alone (the sandbox), so a fault may end
+        it; otherwise faults that end a process are refused."""
         one_intra_op_thread()  # its ranks are threads of this process, on few cores
         self.nproc = nproc
         self.timeouts = timeouts
         self.max_cached_configs = max_cached_configs
+        self.trace_dir = trace_dir
+        self.own_process = own_process
         self.builds = 0  # thread worlds built so far (one more after every failure)
         self._threads: ThreadWorld | None = None
         self._runtimes: OrderedDict[HarnessConfig, tuple[list[RankRuntime],
@@ -51,33 +64,43 @@ class SimWorld:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
-    def run(self, scenario: Scenario) -> ScenarioHistory:
+    def run(self, scenario: Scenario, sink: Callable[[tuple], None] | None = None
+            ) -> ScenarioHistory:
+        """The scenario's history; `sink` is handed ("startup", records) and then
+        ("step", i, records) as each is known, before the next begins."""
         if scenario.config.dp_size != self.nproc:
             raise ConfigError("dp_size", f"the scenario has {scenario.config.dp_size} ranks "
                               f"but this world has {self.nproc}")
-        own_process = (FaultKind.KILL_RANK, FaultKind.ABORT_RANK)
-        killed = [i for i, f in enumerate(scenario.faults) if f.kind in own_process]
-        if killed:
+        ending = (FaultKind.KILL_RANK, FaultKind.ABORT_RANK)
+        killed = [i for i, f in enumerate(scenario.faults) if f.kind in ending]
+        if killed and not self.own_process:
             fault = scenario.faults[killed[0]].kind.value
-            raise ConfigError(f"faults[{killed[0]}].kind", f"{fault} needs the torchrun world "
-                              "(the sim world's ranks are threads of one process)")
+            raise ConfigError(f"faults[{killed[0]}].kind", f"{fault} ends the process: it "
+                              "needs the sandboxed sim world or the torchrun world")
         with collector_paused():
-            return self._run(scenario)
+            return self._run(scenario, sink or (lambda _message: None))
 
-    def _run(self, scenario: Scenario) -> ScenarioHistory:
+    def _run(self, scenario: Scenario, sink: Callable[[tuple], None]) -> ScenarioHistory:
         world = self._world()
         runtimes, startup = self._captured(world, scenario.config)
+        sink(("startup", tuple(startup)))
         steps: list[tuple[StepRecord | None, ...]] = []
         healthy = steps_may_run(startup)
         if healthy:
             for runtime in runtimes:
                 runtime.reset_state()
 
+            def one_rank(i: int, requests, ranks, rank: int) -> StepRecord:
+                faults = scenario.faults_at(i, rank)
+                if any(f.kind is FaultKind.KILL_RANK for f in faults):
+                    os.kill(os.getpid(), signal.SIGKILL)  # only with own_process (run)
+                return runtimes[rank].step(i, requests[rank], ranks[rank], faults)
+
             def every_rank(i: int, requests, ranks) -> tuple[StepRecord | None, ...]:
                 records, _ = world.run_bounded(
-                    lambda rank, _g: runtimes[rank].step(
-                        i, requests[rank], ranks[rank], scenario.faults_at(i, rank)),
+                    lambda rank, _g: one_rank(i, requests, ranks, rank),
                     self.timeouts.step_deadline_s + 5.0)
+                sink(("step", i, tuple(records)))
                 return tuple(records)
 
             steps = run_steps(scenario, every_rank, lambda records: not step_failed(records))
@@ -105,13 +128,16 @@ class SimWorld:
         timeouts = self.timeouts
         runtimes = world.run(lambda rank, group: RankRuntime(
             config, rank, group, collective_timeout_s=timeouts.collective_s,
-            hang_timeout_s=timeouts.hang_s))
+            hang_timeout_s=timeouts.hang_s, trace_path=self._trace_path(rank)))
         startup, _ = world.run_bounded(lambda rank, _g: runtimes[rank].startup(),
                                        timeouts.startup_deadline_s)
         self._runtimes[config] = (runtimes, startup)
         while len(self._runtimes) > self.max_cached_configs:
             self._runtimes.popitem(last=False)
         return runtimes, startup
+
+    def _trace_path(self, rank: int) -> str | None:
+        return None if self.trace_dir is None else str(self.trace_dir / f"collectives-{rank}.txt")
 
     def _discard(self) -> None:
         self._runtimes.clear()

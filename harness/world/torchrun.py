@@ -28,7 +28,12 @@ from harness.scenario import Scenario
 from harness.timeouts import DEFAULT_TIMEOUTS, Timeouts
 from harness.world.backends import check_backend
 from harness.world.control_server import ControlServer
-from harness.world.evidence import fatal_error, last_collective, rank_evidence
+from harness.world.evidence import (
+    fatal_error,
+    last_collective,
+    native_abort_message,
+    rank_evidence,
+)
 from harness.world.gpus import pids_holding_gpu_memory
 from harness.world.processes import kill_all, package_pythonpath, wait_or_signal
 from harness.world.wire import CONTROL_KEY_ENV, Channel, ChannelClosed, new_control_key
@@ -277,7 +282,11 @@ def _lost_error(rank: int, scenario: Scenario, trace_dir: Path) -> StepError:
         where = (f"; its last collective: {last}" if last
                  else "; before any collective of its step")
         origin = ErrorOrigin.INJECTED if FaultKind.ABORT_RANK in kinds else ErrorOrigin.CRASHED
-        return StepError("RankCrashed", f"died of a fatal signal ({fatal}){where}", None,
+        # What a native library said as it aborted (gloo's failed check), from the workers'
+        # shared log: written before the abort, so before the channel closed.
+        log = trace_dir / "torchrun.log"
+        native = native_abort_message(log.read_text(errors="replace")) if log.exists() else None
+        return StepError("RankCrashed", f"died of a fatal signal ({fatal}){where}", native,
                          origin)
     return StepError("RankLost", "lost its process (ended by torchrun after a peer died, or "
                      "crashed)", None, ErrorOrigin.LOST)

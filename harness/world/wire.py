@@ -38,11 +38,14 @@ class Channel:
         """The next message; TimeoutError past `timeout_s`, ChannelClosed when the peer is
         gone. Only an authenticated peer can have sent it."""
         try:
-            if timeout_s is not None and not self.connection.poll(max(0.0, timeout_s)):
-                raise TimeoutError("no message before the deadline")
-            return self.connection.recv()
+            ready = timeout_s is None or self.connection.poll(max(0.0, timeout_s))
+            if ready:
+                return self.connection.recv()
         except (EOFError, OSError, ValueError) as exc:
             raise ChannelClosed(str(exc) or "the other end closed the channel") from exc
+        # Raised outside the handler: TimeoutError is an OSError, and a peer that is slow is
+        # not a peer that is gone.
+        raise TimeoutError("no message before the deadline")
 
     def fileno(self) -> int:
         return self.connection.fileno()

@@ -1,0 +1,311 @@
+"""The default sim world, sandboxed: its rank threads run in a child process, so a rank that
+aborts (gloo on a size-mismatched all-to-all, a segfault) ends as a named verdict instead of
+ending the harness.
+
+The runner process is persistent, like the in-process world it hosts: it keeps its groups
+and captured graphs across scenarios and is forked again (from a zygote that imported torch
+once, harness/world/sandbox_child.py) only after it died. Records come back as each step
+ends, so a death mid-scenario keeps the steps before it. Every wait here is bounded; a runner
+stuck past every bound of its own world is dumped (faulthandler) and killed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+from harness.errors import ConfigError
+from harness.history.scenario_history import ScenarioHistory
+from harness.scenario import Scenario
+from harness.timeouts import DEFAULT_TIMEOUTS, Timeouts
+from harness.world.crash import crashed_history, describe_exit
+from harness.world.evidence import last_collective, native_abort_message
+from harness.world.processes import package_pythonpath
+from harness.world.wire import Channel, ChannelClosed
+
+ZYGOTE_START_S = 90.0  # an interpreter importing torch on a loaded machine
+REPLY_S = 10.0  # the zygote answers a fork or a reap request
+REAP_S = 2.0  # a runner whose channel closed has exited by then (else it is killed)
+MARGIN_S = 10.0  # past the runner's own bounds before it counts as stuck
+STACKS_WAIT_S = 1.0
+
+
+class SandboxError(RuntimeError):
+    """The sandbox could not be started, or the sim world in it raised (with its traceback)."""
+
+
+class Zygote:
+    """The forking process every sandboxed sim world of this driver shares."""
+
+    def __init__(self) -> None:
+        self._dir = Path(tempfile.mkdtemp(prefix="dbo-zygote-"))
+        mine, theirs = socket.socketpair()
+        log = open(self._dir / "zygote.log", "wb")  # noqa: SIM115 - closed below
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "harness.world.sandbox_child", "--fd",
+                 str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True,
+                env=dict(os.environ, PYTHONPATH=package_pythonpath()))
+        finally:
+            theirs.close()
+            log.close()
+        self._sock = mine
+        self.channel = Channel(Connection(os.dup(mine.fileno())))
+        try:
+            self._expect("ready", ZYGOTE_START_S)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def fork(self, nproc: int, timeouts: Timeouts, trace_dir: Path) -> tuple[Channel, int]:
+        """A fresh runner: its channel (a socket pair made here) and its pid."""
+        mine, theirs = socket.socketpair()
+        try:
+            self.channel.send(("fork", nproc, asdict(timeouts), str(trace_dir)))
+            socket.send_fds(self._sock, [b"F"], [theirs.fileno()])
+        except OSError as exc:
+            mine.close()
+            raise ChannelClosed(str(exc)) from exc
+        finally:
+            theirs.close()
+        _, pid = self._expect("forked", REPLY_S)
+        channel = Channel(Connection(os.dup(mine.fileno())))
+        mine.close()
+        return channel, pid
+
+    def reap(self, pid: int) -> int | None:
+        """The runner's exit code once it has ended (killed after REAP_S)."""
+        self.channel.send(("reap", pid, REAP_S))
+        return self._expect("reaped", 2 * REAP_S + REPLY_S)[2]
+
+    def _expect(self, kind: str, timeout_s: float) -> tuple:
+        try:
+            message = self.channel.recv(timeout_s=timeout_s)
+        except (TimeoutError, ChannelClosed) as exc:
+            raise SandboxError(f"the sim world's zygote did not answer {kind!r}: {exc}\n"
+                               f"{self._log_tail()}") from exc
+        if message[0] != kind:
+            raise SandboxError(f"the sim world's zygote answered {message[0]!r}, not {kind!r}")
+        return message
+
+    def _log_tail(self) -> str:
+        log = self._dir / "zygote.log"
+        return log.read_text(errors="replace")[-2000:] if log.exists() else ""
+
+    def close(self) -> list[int]:
+        """Stop the zygote (it kills its runners); the pids still alive after (none)."""
+        try:
+            self.channel.send(("exit",))
+        except ChannelClosed:
+            pass
+        self.channel.close()
+        self._sock.close()
+        try:
+            self.proc.wait(timeout=REPLY_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            try:
+                self.proc.wait(timeout=REPLY_S)
+            except subprocess.TimeoutExpired:
+                return [self.proc.pid]
+        finally:
+            shutil.rmtree(self._dir, ignore_errors=True)
+        return []
+
+
+_zygote: Zygote | None = None
+_users = 0
+
+
+def _acquire_zygote() -> Zygote:
+    global _zygote
+    if _zygote is not None and not _zygote.alive:
+        _zygote.close()  # reaps it and removes its directory
+        _zygote = None
+    if _zygote is None:
+        _zygote = Zygote()
+    return _zygote
+
+
+def _release_zygote() -> list[int]:
+    global _zygote, _users
+    _users -= 1
+    if _users > 0 or _zygote is None:
+        return []
+    zygote, _zygote = _zygote, None
+    return zygote.close()
+
+
+class SandboxedSimWorld:
+    """The sim world behind the same interface, its ranks in a runner process of their own."""
+
+    graphs = "emulated"
+
+    def __init__(self, nproc: int, timeouts: Timeouts = DEFAULT_TIMEOUTS,
+                 margin_s: float = MARGIN_S) -> None:
+        global _users
+        self.nproc = nproc
+        self.timeouts = timeouts
+        self.margin_s = margin_s
+        self.launches = 0  # runners forked so far (one more after every death)
+        self._dir = Path(tempfile.mkdtemp(prefix="dbo-sim-"))
+        self._runner: tuple[Channel, int] | None = None
+        self._zygote: Zygote | None = None
+        _users += 1
+
+    def __enter__(self) -> SandboxedSimWorld:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    @property
+    def runner_pid(self) -> int | None:
+        return self._runner[1] if self._runner else None
+
+    def run(self, scenario: Scenario) -> ScenarioHistory:
+        if scenario.config.dp_size != self.nproc:
+            raise ConfigError("dp_size", f"the scenario has {scenario.config.dp_size} ranks "
+                              f"but this world has {self.nproc}")
+        channel, pid = self._ensure_runner()
+        stderr = self._dir / "stderr.txt"
+        mark = stderr.stat().st_size if stderr.exists() else 0
+        try:
+            channel.send(("run", scenario.to_dict()))
+        except ChannelClosed:
+            pass  # it died between scenarios: the reads below find out how
+        startup, steps = None, []
+        t = self.timeouts
+        while True:
+            # The bounds of the world inside (group set-up, runtimes, capture; a step), plus
+            # a margin: past them the runner itself is stuck.
+            bound = (t.startup_deadline_s + 3 * t.collective_s + 10.0 if startup is None
+                     else t.step_deadline_s + 5.0) + self.margin_s
+            try:
+                message = channel.recv(timeout_s=bound)
+            except TimeoutError:
+                return self._stuck(scenario, startup, steps, bound)
+            except ChannelClosed:
+                return self._died(scenario, startup, steps, mark)
+            if message[0] == "startup":
+                startup = message[1]
+            elif message[0] == "step":
+                steps.append(message[2])
+            elif message[0] == "done":
+                return ScenarioHistory(scenario, t, tuple(startup), tuple(steps))
+            elif message[0] == "raised":
+                raise SandboxError(f"the sim world raised in its process:\n{message[1]}")
+
+    def _ensure_runner(self) -> tuple[Channel, int]:
+        if self._runner is None:
+            self._zygote = _acquire_zygote()
+            try:
+                channel, pid = self._zygote.fork(self.nproc, self.timeouts, self._dir)
+            except (ChannelClosed, SandboxError):  # the zygote died: one fresh start
+                self._zygote = _acquire_zygote()
+                channel, pid = self._zygote.fork(self.nproc, self.timeouts, self._dir)
+            self.launches += 1
+            self._runner = (channel, pid)
+            try:
+                hello = channel.recv(timeout_s=ZYGOTE_START_S)
+            except (TimeoutError, ChannelClosed) as exc:
+                hello = exc
+            if hello != ("hello", pid):
+                code = self._end_runner()
+                raise SandboxError(f"the sim world's runner did not start ({hello!r}; it "
+                                   f"ended with {describe_exit(code)}):\n"
+                                   f"{_read_from(self._dir / 'stderr.txt', 0)[-2000:]}")
+        return self._runner
+
+    def _died(self, scenario, startup, steps, mark: int) -> ScenarioHistory:
+        returncode = self._end_runner()
+        last = {r: last_collective(self._dir, r) for r in range(self.nproc)}
+        native_text = _read_from(self._dir / "stderr.txt", mark)
+        native = native_abort_message(native_text)
+        index = "capture" if startup is None else f"step {len(steps)}"
+        evidence = "\n".join([
+            f"the sim world's process died of {describe_exit(returncode)} in {index}",
+            *(f"rank {r} trace tail: {last[r] or 'none'}" for r in range(self.nproc)),
+            f"--- stderr ---\n{native_text.strip() or '(nothing)'}",
+            f"--- stacks ---\n{_read_from(self._dir / 'stacks.txt', 0).strip() or '(none)'}"])
+        return crashed_history(scenario, self.timeouts, startup, steps, returncode, last,
+                               native, evidence)
+
+    def _stuck(self, scenario, startup, steps, bound: float) -> ScenarioHistory:
+        """Past every bound of the world inside: its stacks, then a fresh runner next time."""
+        stacks = self._dir / "stacks.txt"
+        before = stacks.stat().st_size if stacks.exists() else 0
+        try:
+            os.kill(self._runner[1], signal.SIGUSR1)
+            deadline = time.monotonic() + STACKS_WAIT_S
+            while time.monotonic() < deadline and stacks.stat().st_size <= before:
+                time.sleep(0.02)
+        except (ProcessLookupError, FileNotFoundError):
+            pass
+        evidence = (f"the sim world's process sent nothing for {bound:.1f} s; it was killed\n"
+                    + "\n".join(f"rank {r} trace tail: "
+                                f"{last_collective(self._dir, r) or 'none'}"
+                                for r in range(self.nproc))
+                    + f"\n--- stacks ---\n{_read_from(stacks, before).strip() or '(none)'}")
+        self._end_runner()
+        none = (None,) * self.nproc
+        if startup is None:
+            return ScenarioHistory(scenario, self.timeouts, none, (), evidence)
+        return ScenarioHistory(scenario, self.timeouts, tuple(startup),
+                               (*map(tuple, steps), none), evidence)
+
+    def _end_runner(self) -> int | None:
+        """Close the runner's channel and reap it (killed if it lingers): its exit code."""
+        if self._runner is None:
+            return None
+        channel, pid = self._runner
+        self._runner = None
+        channel.close()
+        try:
+            return self._zygote.reap(pid)
+        except (SandboxError, ChannelClosed):
+            return None
+
+    def close(self) -> list[int]:
+        """Stop the runner and, with the last world, the zygote; pids left alive (none)."""
+        leftover: list[int] = []
+        if self._runner is not None:
+            pid = self._runner[1]
+            if self._end_runner() is None and _alive(pid):
+                leftover.append(pid)
+        if self._dir is not None:
+            leftover += _release_zygote()
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+        return leftover
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _read_from(path: Path, offset: int) -> str:
+    if not path.exists():
+        return ""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(64_000).decode(errors="replace")

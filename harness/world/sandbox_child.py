@@ -1,0 +1,171 @@
+"""The sandbox's processes: a zygote that imports torch once and forks a runner per sim world,
+and the runner, which hosts the sim world's rank threads and streams their records back.
+
+    python -m harness.world.sandbox_child --fd N
+
+The zygote talks to the driver over the socket pair end it inherited as fd N; the driver
+hands it the runner's end of a fresh socket pair with each fork request (SCM_RIGHTS), so
+every channel is one the driver created and only its child holds: nothing listens. The
+zygote itself runs no torch op and starts no thread, so forking it is safe and quick; a
+runner that dies (a gloo abort, a segfault) costs a fork, not an interpreter start.
+
+Neither outlives the driver: the zygote exits when its channel closes and kills its
+runners; a runner dies with the zygote (PR_SET_PDEATHSIG) and exits when its channel closes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import faulthandler
+import os
+import select
+import signal
+import socket
+import sys
+import time
+import traceback
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+from harness.scenario import scenario_from_dict
+from harness.timeouts import Timeouts
+from harness.world.sim import SimWorld
+from harness.world.wire import Channel, ChannelClosed
+
+FD_WAIT_S = 10.0  # the runner's fd follows its fork request at once
+REAP_POLL_S = 0.01
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """SIGKILL this process when its parent dies; exit now if that already happened."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(3)
+
+
+def trace_file(trace_dir: Path, rank: int) -> Path:
+    return trace_dir / f"collectives-{rank}.txt"
+
+
+def run_runner(fd: int, nproc: int, timeouts: Timeouts, trace_dir: Path) -> None:
+    """The runner's loop: a persistent sim world fed scenarios until its channel closes."""
+    # Native messages (gloo's "terminate called ... what(): ...") land where the driver reads.
+    err = os.open(trace_dir / "stderr.txt", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(err, 2)
+    os.close(err)
+    stacks = open(trace_dir / "stacks.txt", "w")  # noqa: SIM115 - lives as long as we do
+    faulthandler.enable(file=stacks, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+    channel = Channel(Connection(fd))
+    world = SimWorld(nproc, timeouts, trace_dir=trace_dir, own_process=True)
+    channel.send(("hello", os.getpid()))
+    while True:
+        try:
+            message = channel.recv()
+        except ChannelClosed:
+            return
+        if message[0] != "run":
+            return
+        scenario = scenario_from_dict(message[1])
+        for rank in range(nproc):  # each trace holds this scenario's collectives only
+            trace_file(trace_dir, rank).write_text("")
+        try:
+            world.run(scenario, channel.send)
+        except ChannelClosed:
+            return
+        except Exception:  # noqa: BLE001 - the driver raises it with this traceback
+            channel.send(("raised", traceback.format_exc()))
+            continue
+        channel.send(("done",))
+
+
+def _recv_fd(sock: socket.socket) -> int:
+    ready, _, _ = select.select([sock], [], [], FD_WAIT_S)
+    if not ready:
+        raise TimeoutError("the runner's channel did not follow its fork request")
+    _, fds, _, _ = socket.recv_fds(sock, 1, 1)
+    if len(fds) != 1:
+        raise ChannelClosed("a fork request came without the runner's channel")
+    return fds[0]
+
+
+def _reap(pid: int, timeout_s: float) -> int | None:
+    """The runner's exit code (negative: the signal that ended it), waited for up to
+    `timeout_s`, then killed; None if it was not ours."""
+    deadline = time.monotonic() + timeout_s
+    killed = False
+    while True:
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return None
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() >= deadline and not killed:
+            os.kill(pid, signal.SIGKILL)
+            killed, deadline = True, time.monotonic() + timeout_s
+        elif time.monotonic() >= deadline:
+            return None
+        time.sleep(REAP_POLL_S)
+
+
+def serve_zygote(fd: int) -> None:
+    channel = Channel(Connection(fd))
+    sock = socket.socket(fileno=os.dup(fd))
+    me = os.getpid()
+    runners: set[int] = set()
+    channel.send(("ready", me))
+    try:
+        while True:
+            try:
+                message = channel.recv()
+            except ChannelClosed:
+                return  # the driver is gone
+            if message[0] == "fork":
+                _, nproc, timeouts, trace_dir = message
+                runner_fd = _recv_fd(sock)
+                pid = os.fork()
+                if pid == 0:
+                    code = 0
+                    try:
+                        die_with_parent(me)
+                        channel.close()
+                        sock.close()
+                        run_runner(runner_fd, nproc, Timeouts(**timeouts), Path(trace_dir))
+                    except BaseException:  # noqa: BLE001 - never back into the zygote's loop
+                        traceback.print_exc()
+                        code = 1
+                    finally:
+                        os._exit(code)
+                os.close(runner_fd)
+                runners.add(pid)
+                channel.send(("forked", pid))
+            elif message[0] == "reap":
+                _, pid, timeout_s = message
+                runners.discard(pid)
+                channel.send(("reaped", pid, _reap(pid, timeout_s)))
+            else:
+                return
+    finally:
+        for pid in runners:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            _reap(pid, 1.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="harness.world.sandbox_child")
+    parser.add_argument("--fd", type=int, required=True)
+    args = parser.parse_args(argv)
+    serve_zygote(args.fd)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
