@@ -24,7 +24,7 @@ LAYERS = (
     "world",  # where ranks live; hands back history
     "gpu",  # the single-rank GPU world
     "check",  # the judge: checkers over history, nothing of processes
-    "cli_config", "fuzz", "report", "bench", "cli", "__main__",
+    "cli_config", "cli_vllm", "fuzz", "report", "bench", "cli", "__main__",
 )
 
 

@@ -88,7 +88,10 @@ _ROUTERS_LOCK = threading.Lock()
 
 def dp_group_of_this_thread(dp_utils) -> _PerThreadDpGroup:
     with _ROUTERS_LOCK:
-        return _ROUTERS.setdefault(id(dp_utils), _PerThreadDpGroup(dp_utils))
+        router = _ROUTERS.get(id(dp_utils))
+        if router is None:
+            router = _ROUTERS[id(dp_utils)] = _PerThreadDpGroup(dp_utils)
+        return router
 
 
 def vllm_check_ubatch_thresholds(config: HarnessConfig, num_tokens: int,
