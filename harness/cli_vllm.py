@@ -45,18 +45,18 @@ def vllm_fields(args: argparse.Namespace, sut: str | None = None,
     """The config fields the flags give, read and checked against the tree they patch: in
     order, one over the other, or (`each_alone`, the matrix's rows) each by itself."""
     sut = sut or _sut(args)
+    differential = getattr(args, "differential_against", None) == "base"
+    if sut != "vllm":
+        given = ("vllm_patch" if args.vllm_patch else "vllm_src" if args.vllm_src
+                 else "differential_against" if differential else None)
+        if given:
+            raise ConfigError(given, "names vLLM code; it needs --sut vllm")
+        return {}
     patches = tuple(read_patch(path) for path in args.vllm_patch)
     names = [p.name for p in patches]
     twice = next((n for n in names if names.count(n) > 1), None)
     if twice is not None:
         raise ConfigError("vllm_patch", f"{twice} is given twice")
-    differential = getattr(args, "differential_against", None) == "base"
-    if sut != "vllm":
-        given = ("vllm_patch" if patches else "vllm_src" if args.vllm_src
-                 else "differential_against" if differential else None)
-        if given:
-            raise ConfigError(given, "names vLLM code; it needs --sut vllm")
-        return {}
     for group in ([(p,) for p in patches] if each_alone else [patches]):
         check_vllm_code(args.vllm_src, group)
     return {"sut": "vllm", "vllm_src": args.vllm_src, "vllm_patches": patches,
