@@ -117,11 +117,11 @@ def scenario_with_vllm_code(scenario: Scenario, args: argparse.Namespace) -> tup
     found on patched code runs only with those patches (by content hash), so that a replay
     tests the code it was found on. Returns it and a note for the user ('' if none)."""
     config = scenario.config
-    sut = config.sut.value
-    fields = vllm_fields(args, sut)
-    if sut != "vllm":
+    if config.sut is not DecisionSystem.VLLM:
+        vllm_fields(args, config.sut.value)  # refuses vLLM flags for the harness's code
         return scenario, ""
-    given = fields.get("vllm_patches", ())
+    given = tuple(read_patch(path) for path in args.vllm_patch)
+    differential = args.differential_against == "base"
     recorded = config.vllm_patches
     by_hash = {p.sha256: p for p in given}
     missing = [p for p in recorded if p.sha256 not in by_hash and not p.resolved]
@@ -139,11 +139,11 @@ def scenario_with_vllm_code(scenario: Scenario, args: argparse.Namespace) -> tup
         note = (f"note: the scenario recorded unpatched vLLM; running it with "
                 f"{', '.join(p.short for p in given)}")
     patches = tuple(by_hash.get(p.sha256, p) for p in recorded) or given
-    src = fields["vllm_src"] or config.vllm_src
+    src = args.vllm_src or config.vllm_src
     if src != config.vllm_src and config.vllm_src is not None:
         note = f"note: the scenario recorded --vllm-src {config.vllm_src}; running {src}"
     check_vllm_code(src, patches)
     new = config.with_changes(vllm_src=src, vllm_patches=patches,
-                              differential_against_base=fields["differential_against_base"]
+                              differential_against_base=differential
                               or config.differential_against_base)
     return replace(scenario, config=new), note
