@@ -85,8 +85,11 @@ def _tokens(scenario: Scenario | None) -> tuple[tuple[int, ...], ...]:
 
 def cell_fields(row: MatrixRow, column: MatrixColumn,
                 fixed: Mapping[str, Any]) -> dict[str, Any]:
-    return {**fixed, **ubatching_fields(column.num_ubatches), "dp_size": column.dp_size,
-            "sut": "vllm", "vllm_patches": row.patches}
+    fields = {**fixed, **ubatching_fields(column.num_ubatches), "dp_size": column.dp_size,
+              "sut": "vllm", "vllm_patches": row.patches}
+    if not row.patches and not fields.get("vllm_src"):
+        fields["differential_against_base"] = False  # the base row is the base itself
+    return fields
 
 
 def run_matrix(rows: Sequence[MatrixRow], columns: Sequence[MatrixColumn],

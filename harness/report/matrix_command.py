@@ -98,11 +98,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     columns = [MatrixColumn(k, dp) for dp in dps for k in ks]
     for row in rows:  # every cell's config is legal before minutes of fuzzing
         for column in columns:
-            fields = cell_fields(row, column, fixed)
-            if fields.get("differential_against_base") and not row.patches and not \
-                    fields.get("vllm_src"):
-                fields["differential_against_base"] = False
-            HarnessConfig(**fields)
+            HarnessConfig(**cell_fields(row, column, fixed))
     tested = tested_vllm(HarnessConfig(**vllm)).removeprefix("vllm under test: ")
     if not args.json:
         print(f"vllm under test: {tested}; {budget_text}", flush=True)
