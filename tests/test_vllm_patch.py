@@ -4,6 +4,7 @@ needed (these run in CI). The real patches are checked against their own old sid
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -233,8 +234,9 @@ def test_patched_decision_modules_are_private_copies_and_the_installed_ones_stay
               sys.modules["vllm.v1.worker.gpu.dp_utils"] is installed, pkg.dp_utils is installed,
               patched.dp_utils is not installed, patched.identity.describe())
     """)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # the fake tree is the only vllm it sees
     out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
-                         cwd=ROOT, timeout=60)
+                         cwd=ROOT, timeout=60, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[:5] == ["False", "True", "True", "True", "True"], out.stdout
     assert "patched with fix.diff" in out.stdout
