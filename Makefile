@@ -55,7 +55,8 @@ bench-gpu: $(ENV_STAMP)
 test-vllm: $(ENV_STAMP)
 	$(PYTHON) -m pip install --quiet --no-deps -r requirements-vllm.txt \
 		|| echo "vllm could not be installed here: its tests will skip"
-	$(PYTHON) -m pytest -q -n $(PYTEST_WORKERS) tests/test_vllm_sut.py tests/test_vllm_fuzz.py
+	$(PYTHON) -m pytest -q -n $(PYTEST_WORKERS) tests/test_vllm_sut.py tests/test_vllm_fuzz.py \
+		tests/test_vllm_patch.py tests/test_vllm_patches.py
 
 # The fuzzer's self-check on an NPROC-rank torchrun world: every planted bug must be found
 # and shrunk from an empty example database within FUZZ_SECONDS, and the reference must stay

@@ -21,13 +21,21 @@ from harness.cli_config import (
     int_list,
     timeouts_from_args,
 )
+from harness.cli_vllm import (
+    add_vllm_flags,
+    scenario_with_vllm_code,
+    tested_vllm,
+    tested_vllm_json,
+    vllm_fields,
+)
 from harness.config import HarnessConfig, check_seconds
 from harness.errors import ConfigError
 from harness.fuzz.command import add_fuzz_command
 from harness.history.decision import StepPlan
 from harness.report.command import add_report_command
+from harness.report.matrix_command import add_matrix_command
 from harness.scenario import load_scenario
-from harness.sut.step_plan import decide_on_rank
+from harness.sut.systems import decide as decide_on_rank
 from harness.timeouts import DEFAULT_TIMEOUTS
 from harness.world import WORLDS, add_backend_flags, open_world
 from harness.world.threads import RankFailure, RankHang, ThreadWorld
@@ -101,7 +109,7 @@ def _plan_table(plans: Sequence[StepPlan]) -> str:
 def cmd_decide(args: argparse.Namespace) -> int:
     check_seconds("timeout", args.timeout)
     batches = batches_from_args(args)
-    config = config_from_args(args, dp_size=len(batches))
+    config = config_from_args(args, dp_size=len(batches), extra=vllm_fields(args))
     validate_batches(config, batches)
     with ThreadWorld(config.dp_size, timeout_s=args.timeout) as world:
         plans = world.run(lambda rank, group: decide_on_rank(group, config, rank,
@@ -110,12 +118,20 @@ def cmd_decide(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"agree": disagreement is None,
                           "disagreement": disagreement.describe() if disagreement else None,
-                          "ranks": [_plan_json(p) for p in plans]}))
+                          "ranks": [_plan_json(p) for p in plans],
+                          "vllm": tested_vllm_json(config)}))
     else:
+        _print_tested(config)
         print(_plan_table(plans))
         print("ranks agree" if disagreement is None
               else f"RANKS DISAGREE: {disagreement.describe()}")
     return EXIT_OK if disagreement is None else EXIT_FOUND
+
+
+def _print_tested(config: HarnessConfig, note: str = "") -> None:
+    for line in (note, tested_vllm(config)):
+        if line:
+            print(line)
 
 
 def _verdict_lines(verdicts) -> list[str]:
@@ -129,7 +145,7 @@ def _step_title(step: StepResult) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    scenario = load_scenario(args.scenario)
+    scenario, note = scenario_with_vllm_code(load_scenario(args.scenario), args)
     timeouts = timeouts_from_args(args)
     world = open_world(args.world, scenario.config.dp_size, args.backend, timeouts,
                        args.device)
@@ -145,8 +161,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             "startup": [v.to_dict() for v in result.startup_verdicts],
             "steps": [{"verdicts": [v.to_dict() for v in step.verdicts]}
                       for step in result.steps],
-            "scenario": None if result.ok else scenario.to_dict()}))
+            "scenario": None if result.ok else json.loads(scenario.to_json()),
+            "vllm": tested_vllm_json(scenario.config)}))
     else:
+        _print_tested(scenario.config, note)
         print(f"scenario {scenario.name!r}: {scenario.config.dp_size} ranks, "
               f"{len(scenario.steps)} steps")
         print("startup (capture):")
@@ -201,7 +219,7 @@ def _max_tokens(config: HarnessConfig, max_tokens: int | None) -> int:
 
 
 def cmd_exhaustive(args: argparse.Namespace) -> int:
-    config = config_from_args(args, dp_size=args.nproc)
+    config = config_from_args(args, dp_size=args.nproc, extra=vllm_fields(args))
     max_tokens = _max_tokens(config, args.max_tokens)
     start = time.perf_counter()
     result = explore(config, max_tokens)
@@ -211,8 +229,9 @@ def cmd_exhaustive(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"found": bool(found), "vectors": result.vectors,
                           "max_tokens": result.max_tokens, "seconds": round(seconds, 3),
-                          "counterexamples": found}))
+                          "counterexamples": found, "vllm": tested_vllm_json(config)}))
     else:
+        _print_tested(config)
         print(f"{result.vectors} token vectors of {config.dp_size} ranks up to "
               f"{result.max_tokens} tokens in {seconds:.1f} s")
         for c in found:
@@ -240,6 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="bound on each collective, seconds")
     decide.add_argument("--json", action="store_true", help="print one JSON object")
     add_config_flags(decide)
+    add_vllm_flags(decide, differential=False)
     decide.set_defaults(func=cmd_decide)
 
     run = sub.add_parser("run", help="run a scenario on a world and print every checker's "
@@ -251,6 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_backend_flags(run)
     run.add_argument("--json", action="store_true", help="print one JSON object")
     add_timeout_flags(run, DEFAULT_TIMEOUTS)
+    add_vllm_flags(run, sut_flag=False)
     run.set_defaults(func=cmd_run)
 
     exhaustive = sub.add_parser("exhaustive", help="every uniform-decode token vector of a "
@@ -261,9 +282,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "or fewer when max_num_reqs or max_num_batched_tokens allow fewer)")
     exhaustive.add_argument("--json", action="store_true", help="print one JSON object")
     add_config_flags(exhaustive)
+    add_vllm_flags(exhaustive, differential=False)
     exhaustive.set_defaults(func=cmd_exhaustive)
     add_fuzz_command(sub)
     add_report_command(sub)
+    add_matrix_command(sub)
     return parser
 
 

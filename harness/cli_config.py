@@ -52,8 +52,9 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int)
 
 
-def config_from_args(args: argparse.Namespace, dp_size: int | None = None) -> HarnessConfig:
-    fields = config_fields_from_args(args)
+def config_from_args(args: argparse.Namespace, dp_size: int | None = None,
+                     extra: dict[str, Any] | None = None) -> HarnessConfig:
+    fields = {**config_fields_from_args(args), **(extra or {})}
     if dp_size is not None:
         fields.setdefault("dp_size", dp_size)
     config = HarnessConfig(**fields)

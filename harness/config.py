@@ -16,6 +16,7 @@ from typing import Any
 
 from harness.data_file import read_data_file
 from harness.errors import ConfigError
+from harness.vllm_code.source import VllmPatch, check_vllm_code_fields, parse_patches
 
 
 class CudaGraphMode(enum.Enum):
@@ -181,6 +182,11 @@ class HarnessConfig:
     capture_on: CaptureOn = CaptureOn.RUNNER
     a2a_buffers: A2aBuffers = A2aBuffers.MAX_TOKENS
     sut: DecisionSystem = DecisionSystem.HARNESS
+    # sut vllm only: a checkout's decision modules, diffs applied over them in memory, and
+    # the unpatched vLLM's decisions held up beside the reference (harness/vllm_sut/code.py).
+    vllm_src: str | None = None
+    vllm_patches: tuple[VllmPatch, ...] = ()
+    differential_against_base: bool = False
     # The GPU suite's world of one rank (one GPU): microbatching with dp_size 1, whose
     # all-to-all is a size-one NCCL op. Allowed nowhere else.
     single_rank_gpu_world: bool = False
@@ -198,6 +204,7 @@ class HarnessConfig:
         object.__setattr__(self, "a2a_buffers",
                            _parse_enum(A2aBuffers, self.a2a_buffers, "a2a_buffers"))
         object.__setattr__(self, "sut", _parse_enum(DecisionSystem, self.sut, "sut"))
+        object.__setattr__(self, "vllm_patches", parse_patches(self.vllm_patches))
         if self.capture_sizes is not None:
             if not isinstance(self.capture_sizes, list | tuple):
                 raise ConfigError("capture_sizes", "must be a list of positive integers, got "
@@ -279,6 +286,7 @@ class HarnessConfig:
                 if getattr(value, "value", value) != default:
                     raise ConfigError(name, "switches the harness's own decision code; the "
                                       "vllm system under test brings its own")
+        check_vllm_code_fields(self.vllm_src, self.vllm_patches, self.differential_against_base)
         if self.threshold_offset_rank is not None and not (
                 0 <= self.threshold_offset_rank < self.dp_size):
             raise ConfigError("threshold_offset_rank", f"rank {self.threshold_offset_rank} "
@@ -351,7 +359,11 @@ class HarnessConfig:
             if not f.init:
                 continue
             value = getattr(self, f.name)
-            if isinstance(value, enum.Enum):
+            if f.name in _OMITTED_WHEN_DEFAULT and value == f.default:
+                continue  # configs that test no vLLM code read as they did before
+            if f.name == "vllm_patches":
+                value = [p.to_dict() for p in value]
+            elif isinstance(value, enum.Enum):
                 value = value.name if isinstance(value, CudaGraphMode) else value.value
             elif isinstance(value, tuple):
                 value = list(value)
@@ -361,6 +373,9 @@ class HarnessConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> HarnessConfig:
         return cls(**config_kwargs(data))
+
+
+_OMITTED_WHEN_DEFAULT = ("vllm_src", "vllm_patches", "differential_against_base")
 
 
 def config_kwargs(data: dict[str, Any]) -> dict[str, Any]:

@@ -126,7 +126,13 @@ class Scenario:
                        reference_changes=())
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
+        """The file form: a vLLM patch is recorded by name and content hash, not its diff
+        (the worlds' wire form, `to_dict`, carries the diff to every rank process)."""
+        data = self.to_dict()
+        if "vllm_patches" in data["config"]:
+            data["config"]["vllm_patches"] = [p.to_dict(with_diff=False)
+                                              for p in self.config.vllm_patches]
+        return json.dumps(data, indent=2)
 
 
 def _token_id(seed: int, rank: int, slot: int, position: int) -> int:

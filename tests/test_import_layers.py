@@ -11,7 +11,9 @@ HARNESS = Path(__file__).resolve().parents[1] / "harness"
 
 # Lowest first. A top-level module counts as a package of its own.
 LAYERS = (
-    "errors", "data_file", "config", "timeouts", "batch", "faults",  # plain data and rules
+    "errors", "data_file",  # one-line errors, TOML/JSON input
+    "vllm_code",  # vLLM's source as data: diffs, patch descriptors, which vLLM a tree is
+    "config", "timeouts", "batch", "faults",  # plain data and rules
     "runtime",  # collectives, streams, graphs, the microbatch thread ring
     "model",  # the miniature MoE and its single-process reference
     "scenario",  # one replayable case
@@ -22,7 +24,7 @@ LAYERS = (
     "world",  # where ranks live; hands back history
     "gpu",  # the single-rank GPU world
     "check",  # the judge: checkers over history, nothing of processes
-    "cli_config", "fuzz", "report", "bench", "cli", "__main__",
+    "cli_config", "cli_vllm", "fuzz", "report", "bench", "cli", "__main__",
 )
 
 

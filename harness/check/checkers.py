@@ -221,6 +221,9 @@ def check_step(records: Sequence[StepRecord | None], reference: ReferenceRows,
         lambda: check_routing(records, reference),
         lambda: check_thread_hygiene(records),
     ]
+    if reference.plans is not None and reference.base_plans is not None:
+        checks.append(lambda: check_differential_base(records, reference.base_plans,
+                                                      reference.plans))
     if reference.plans is not None:
         checks.append(lambda: check_differential(records, reference.plans))
     if reference.spec_plans is not None:
@@ -249,6 +252,29 @@ def check_differential(records: Sequence[StepRecord],
         if wrong:
             return _fail(name, f"rank {rec.rank}: " + "; ".join(wrong))
     return _ok(name)
+
+
+def check_differential_base(records: Sequence[StepRecord], base: Sequence[StepPlan],
+                            reference: Sequence[StepPlan]) -> Verdict:
+    """A patched vLLM changed no decision the unpatched one got right: where the base vLLM
+    agrees with the harness's reference, the patched one must decide the same, field by
+    field. Changes where the base was wrong are what a fix is for, and pass here."""
+    name = "differential_base"
+    changed = 0
+    for rec, was, want in zip(records, base, reference, strict=True):
+        if rec.plan is None:
+            continue
+        got, before, ref = (_decision_fields(p) for p in (rec.plan, was, want))
+        for field in got:
+            if got[field] == before[field]:
+                continue
+            if before[field] == ref[field]:
+                return _fail(name, f"rank {rec.rank}: {field}: {got[field]} (base vllm: "
+                             f"{before[field]}, reference: {ref[field]}): a decision the "
+                             "unpatched vLLM got right")
+            changed += 1
+    return _ok(name, f"{changed} field(s) changed where the base vllm was wrong"
+               if changed else "")
 
 
 def _spec_fields(plan: StepPlan) -> list[tuple[str, object]]:

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 
 from harness.batch import RankBatch
 from harness.check.agreement import first_disagreement
-from harness.config import HarnessConfig
+from harness.config import DecisionSystem, HarnessConfig
 from harness.errors import ConfigError
 from harness.history.decision import StepPlan
 from harness.sut.dp_sync import decide_from_matrix, gather_columns, local_column
 from harness.sut.step_plan import graph_table_for, plan_step
+from harness.sut.systems import plans_without_world
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,8 @@ def explore(config: HarnessConfig, max_tokens: int) -> ExhaustiveResult:
                           f"most max_num_reqs={config.max_num_reqs} and "
                           f"max_num_batched_tokens={config.max_num_batched_tokens}")
     limit = max_tokens
+    if config.sut is not DecisionSystem.HARNESS:
+        return _explore_other_system(config, limit)
     tables = [graph_table_for(config, rank) for rank in range(config.dp_size)]
     batches = [RankBatch.uniform(n, 1) for n in range(limit + 1)]
     columns = [[local_column(t, b) for b in batches] for t in tables]
@@ -84,6 +87,20 @@ def explore(config: HarnessConfig, max_tokens: int) -> ExhaustiveResult:
         plans = [plan_step(rank, batches[n],
                            decide_from_matrix(config, tables[rank], rows, batches[n]))
                  for rank, n in enumerate(tokens)]
+        for checker, detail in structural_failures(plans):
+            found.setdefault(checker, Counterexample(checker, tuple(tokens), detail))
+    return ExhaustiveResult(config, limit, vectors, tuple(found.values()))
+
+
+def _explore_other_system(config: HarnessConfig, limit: int) -> ExhaustiveResult:
+    """The same enumeration with another system's code deciding (vLLM's, through its own
+    DP sync with the all-reduce's result handed in): slower, one sync per rank per vector."""
+    batches = [RankBatch.uniform(n, 1) for n in range(limit + 1)]
+    found: dict[str, Counterexample] = {}
+    vectors = 0
+    for tokens in token_vectors(config, limit):
+        vectors += 1
+        plans = plans_without_world(config, [batches[n] for n in tokens])
         for checker, detail in structural_failures(plans):
             found.setdefault(checker, Counterexample(checker, tuple(tokens), detail))
     return ExhaustiveResult(config, limit, vectors, tuple(found.values()))

@@ -15,7 +15,7 @@ from harness.model.state import initial_state
 from harness.model.weights import MoEWeights
 from harness.scenario import Scenario
 from harness.sut.step_plan import plan_without_world
-from harness.sut.systems import reference_config
+from harness.sut.systems import base_config, plans_without_world, reference_config
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,9 @@ class ReferenceRows:
     plans: tuple[StepPlan, ...] | None = None
     # Per rank, the plan docs/spec.md gives, when the harness decided (None: another system).
     spec_plans: tuple[StepPlan, ...] | None = None
+    # Per rank, the unpatched vLLM's plan, when a patched one decided and that comparison
+    # was asked for (`differential_against_base`).
+    base_plans: tuple[StepPlan, ...] | None = None
 
 
 def reference_rows(scenario: Scenario) -> list[ReferenceRows]:
@@ -38,6 +41,7 @@ def reference_rows(scenario: Scenario) -> list[ReferenceRows]:
     weights = MoEWeights.build(config)
     states = [initial_state(config, rank) for rank in range(config.dp_size)]
     judge_by = reference_config(config)  # another system's decisions are held to these
+    base = base_config(config)
     rows = []
     for i, requests in enumerate(scenario.requests()):
         ref = reference_step(config, weights, requests, states)
@@ -51,5 +55,7 @@ def reference_rows(scenario: Scenario) -> list[ReferenceRows]:
         rows.append(ReferenceRows(tuple(rows_of(t) for t in ref.outputs),
                                   tuple(rows_of(t) for t in ref.states),
                                   tuple(tuple(sorted(c.elements())) for c in ref.routes),
-                                  plans, expected))
+                                  plans, expected,
+                                  None if base is None else tuple(
+                                      plans_without_world(base, batches))))
     return rows

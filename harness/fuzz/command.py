@@ -20,6 +20,13 @@ from harness.cli_config import (
     output_file,
     timeouts_from_args,
 )
+from harness.cli_vllm import (
+    add_vllm_flags,
+    replay_flags,
+    tested_vllm,
+    tested_vllm_json,
+    vllm_fields,
+)
 from harness.config import HarnessConfig, check_seconds, ubatching_fields
 from harness.errors import ConfigError
 from harness.fuzz.engine import FUZZ_TIMEOUTS, SIM_DP_SIZES, Budget, FuzzOutcome, fuzz
@@ -75,6 +82,7 @@ def add_fuzz_command(sub) -> argparse.ArgumentParser:
                     help="draw the progress bar even when stderr is not a terminal")
     add_timeout_flags(fz, FUZZ_TIMEOUTS)
     add_config_flags(fz)
+    add_vllm_flags(fz, sut_flag=False)
     fz.set_defaults(func=cmd_fuzz)
     return fz
 
@@ -172,8 +180,12 @@ def _world_flags(args: argparse.Namespace) -> str:
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
+    vllm = vllm_fields(args)  # first: a checkout may be what makes vllm import
     variants = chosen_variants(args)
-    fixed = pinned_fields(args, variants)
+    fixed = {**pinned_fields(args, variants), **vllm}
+    tested = tested_vllm_json(HarnessConfig(**vllm)) if vllm else None
+    if vllm and not args.json:
+        print(tested_vllm(HarnessConfig(**vllm)), flush=True)
     budget = budget_from_args(args)
     check_search_flags(args)
     timeouts = timeouts_from_args(args)
@@ -191,11 +203,11 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
                                database=None if args.no_database else args.database,
                                log_path=args.log, scenario_dir=args.found_dir,
                                seed=args.hypothesis_seed, progress=bar.update,
-                               world_flags=_world_flags(args))
+                               world_flags=f"{_world_flags(args)} {replay_flags(vllm)}".strip())
             finally:
                 bar.close()
             outcomes.append(outcome)
-            _print_outcome(outcome, variant, args.json)
+            _print_outcome(outcome, variant, args.json, tested)
         leftover = pool.close()
     if leftover:
         print(f"error: processes of the world outlived it: {leftover}", file=sys.stderr)
@@ -212,9 +224,10 @@ def did_its_job(outcome: FuzzOutcome) -> bool:
     return outcome.found == expects_a_finding(outcome.variant)
 
 
-def _print_outcome(outcome: FuzzOutcome, variant: Variant, as_json: bool) -> None:
+def _print_outcome(outcome: FuzzOutcome, variant: Variant, as_json: bool,
+                   tested: dict[str, Any] | None = None) -> None:
     if as_json:
-        print(json.dumps(outcome.to_json_dict()), flush=True)
+        print(json.dumps({**outcome.to_json_dict(), "vllm": tested}), flush=True)
         return
     head = f"{outcome.variant} on the {outcome.world} world:"
     if not outcome.found:

@@ -7,7 +7,7 @@ everything else (the model, the protocol, the graphs, the checkers) stays the ha
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from harness.batch import RankBatch
@@ -16,7 +16,7 @@ from harness.errors import ConfigError
 from harness.history.decision import StepPlan
 from harness.runtime.comm import CollectiveLog
 from harness.sut.graph_table import GraphTable
-from harness.sut.step_plan import decide_on_rank, graph_table_for
+from harness.sut.step_plan import decide_on_rank, graph_table_for, plan_without_world
 
 
 @dataclass(frozen=True)
@@ -27,10 +27,12 @@ class DecisionCode:
     # (group, config, rank, batch, collective timeout, log of the collectives issued) -> plan
     decide: Callable[[object, HarnessConfig, int, RankBatch, float, CollectiveLog | None],
                      StepPlan]
+    # (config, every rank's batch) -> every rank's plan, with no world (exhaustive, judges)
+    plans_without_world: Callable[[HarnessConfig, Sequence[RankBatch]], list[StepPlan]]
 
 
 _REGISTERED: dict[DecisionSystem, DecisionCode] = {
-    DecisionSystem.HARNESS: DecisionCode(graph_table_for, decide_on_rank)}
+    DecisionSystem.HARNESS: DecisionCode(graph_table_for, decide_on_rank, plan_without_world)}
 
 
 def register(system: DecisionSystem, code: DecisionCode) -> None:
@@ -54,8 +56,23 @@ def decide(group, config: HarnessConfig, rank: int, batch: RankBatch, timeout_s:
     return _code(config).decide(group, config, rank, batch, timeout_s, log)
 
 
+def plans_without_world(config: HarnessConfig, batches: Sequence[RankBatch]) -> list[StepPlan]:
+    return _code(config).plans_without_world(config, batches)
+
+
 def reference_config(config: HarnessConfig) -> HarnessConfig | None:
     """The harness's reference behaviour to hold another system to (None: it is the harness)."""
     if config.sut is DecisionSystem.HARNESS:
         return None
-    return config.with_changes(sut=DecisionSystem.HARNESS)
+    return config.with_changes(sut=DecisionSystem.HARNESS, vllm_src=None, vllm_patches=(),
+                               differential_against_base=False)
+
+
+def base_config(config: HarnessConfig) -> HarnessConfig | None:
+    """The unpatched vLLM a patched one is held against (`differential_against_base`): the
+    same tree without the patches; a checkout without patches against the vllm that imports.
+    None when no such comparison was asked for."""
+    if not config.differential_against_base:
+        return None
+    return config.with_changes(vllm_src=config.vllm_src if config.vllm_patches else None,
+                               vllm_patches=(), differential_against_base=False)

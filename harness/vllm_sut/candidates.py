@@ -14,11 +14,10 @@ from unittest import mock
 
 import torch
 from vllm.config.compilation import CUDAGraphMode as VllmMode
-from vllm.v1.worker.gpu import cudagraph_utils
-from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor, CudaGraphManager
 
 from harness.config import CudaGraphMode, HarnessConfig
 from harness.history.decision import GraphDescriptor
+from harness.vllm_sut.code import vllm_code
 from harness.vllm_sut.configs import vllm_configs
 
 # Construction patches two module globals for its duration; one construction at a time.
@@ -32,7 +31,7 @@ class _UBatchRunnerStandIn:
     stage_real_tokens: bool = False
 
 
-def to_harness(desc: BatchExecutionDescriptor) -> GraphDescriptor:
+def to_harness(desc) -> GraphDescriptor:
     """vLLM's descriptor as the harness's (LoRA never combines with DBO, so it must be 0)."""
     if desc.num_active_loras:
         raise ValueError(f"{desc} has LoRA adapters, which the harness does not model")
@@ -41,9 +40,11 @@ def to_harness(desc: BatchExecutionDescriptor) -> GraphDescriptor:
 
 
 @lru_cache(maxsize=64)
-def vllm_graph_manager(config: HarnessConfig) -> CudaGraphManager:
-    """The manager a rank builds for `config`, marked captured as vLLM's unit tests do."""
+def vllm_graph_manager(config: HarnessConfig):
+    """The CudaGraphManager a rank builds for `config` (of the vLLM code it names), marked
+    captured as vLLM's unit tests do."""
     configs = vllm_configs(config)
+    cudagraph_utils = vllm_code(config).cudagraph_utils
     parallel = configs.parallel_config
     # vLLM builds a UBatchRunner only with microbatching on and DP > 1 (maybe_build_ubatch_runner).
     runner = (_UBatchRunnerStandIn()
@@ -55,8 +56,8 @@ def vllm_graph_manager(config: HarnessConfig) -> CudaGraphManager:
             mock.patch.object(cudagraph_utils.current_platform, "get_global_graph_pool",
                               lambda: None):
         # No pipeline parallel world and no CUDA graph pool exist on a CPU machine.
-        manager = CudaGraphManager(configs, torch.device("cpu"), mode, decode_query_len=1,
-                                   ubatch_runner=runner)
+        manager = cudagraph_utils.CudaGraphManager(configs, torch.device("cpu"), mode,
+                                                   decode_query_len=1, ubatch_runner=runner)
     # Nothing is captured; dispatch only needs to believe capture has finished.
     manager._graphs_captured = True
     return manager

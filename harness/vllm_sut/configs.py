@@ -8,7 +8,8 @@ threshold offsets) have no vLLM counterpart and are ignored: vLLM is what it is.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -21,10 +22,10 @@ from vllm.config import (
     VllmConfig,
 )
 from vllm.config.compilation import CUDAGraphMode
-from vllm.v1.worker.ubatch_utils import get_num_ubatches
 
 from harness.config import HarnessConfig
 from harness.errors import ConfigError
+from harness.vllm_sut.code import vllm_code
 
 # vLLM field -> harness field, to name the harness field when vLLM rejects a value.
 _HARNESS_FIELD = {
@@ -60,6 +61,8 @@ class VllmConfigSlice:
     scheduler_config: SchedulerConfig
     compilation_config: CompilationConfig
     cache_config: CacheConfig
+    # get_num_ubatches of the vLLM code under test (a checkout's or a patched one).
+    get_num_ubatches: Callable[[ParallelConfig], int] = field(compare=False, repr=False)
     model_config: _NoModel = _NoModel()
     speculative_config: None = None  # speculative decoding is unsupported with DBO
     num_speculative_tokens: int = 0
@@ -69,7 +72,7 @@ class VllmConfigSlice:
     @property
     def num_ubatches(self) -> int:
         # The same helper the DP sync and the twin generation use.
-        return get_num_ubatches(self.parallel_config)
+        return self.get_num_ubatches(self.parallel_config)
 
 
 def _build(field: str, build: Any, **kwargs: Any) -> Any:
@@ -110,7 +113,8 @@ def vllm_configs(config: HarnessConfig) -> VllmConfigSlice:
         "cudagraph_mode", CompilationConfig,
         cudagraph_mode=CUDAGraphMode[config.cudagraph_mode.name], **sizes,
     )
-    configs = VllmConfigSlice(parallel, scheduler, compilation, CacheConfig())
+    configs = VllmConfigSlice(parallel, scheduler, compilation, CacheConfig(),
+                              vllm_code(config).ubatch_utils.get_num_ubatches)
     # vLLM's own ladder: dedupes and filters given sizes, or builds the default ladder,
     # then sets max_cudagraph_capture_size. It mutates the CompilationConfig built above.
     _build("capture_sizes", VllmConfig._set_cudagraph_sizes, self=configs)

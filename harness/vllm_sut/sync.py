@@ -16,8 +16,6 @@ from typing import Any
 
 import torch
 from vllm.distributed.utils import cpu_all_reduce_
-from vllm.v1.worker.gpu import dp_utils
-from vllm.v1.worker.ubatch_utils import check_ubatch_thresholds
 
 from harness.batch import RankBatch
 from harness.config import HarnessConfig
@@ -25,6 +23,7 @@ from harness.history.decision import DpSyncState
 from harness.runtime.comm import CollectiveLog, CollectiveTimeout
 from harness.sut.dp_sync import SyncDecision
 from harness.vllm_sut.candidates import to_harness, vllm_graph_manager
+from harness.vllm_sut.code import vllm_code
 from harness.vllm_sut.configs import vllm_configs
 
 
@@ -49,9 +48,11 @@ class DpGroupStandIn:
 
 
 class _PerThreadDpGroup:
-    """Routes dp_utils.get_dp_group to the calling thread's stand-in while any call runs."""
+    """Routes one dp_utils module's get_dp_group to the calling thread's stand-in while any
+    call runs (one router per module: a patched vLLM's dp_utils is a module of its own)."""
 
-    def __init__(self) -> None:
+    def __init__(self, dp_utils) -> None:
+        self._dp_utils = dp_utils
         self._lock = threading.Lock()
         self._local = threading.local()
         self._callers = 0
@@ -68,8 +69,8 @@ class _PerThreadDpGroup:
     def __enter__(self) -> None:
         with self._lock:
             if self._callers == 0:
-                self._original = dp_utils.get_dp_group
-                dp_utils.get_dp_group = self._routed
+                self._original = self._dp_utils.get_dp_group
+                self._dp_utils.get_dp_group = self._routed
             self._callers += 1
 
     def __exit__(self, *exc_info) -> None:
@@ -77,28 +78,43 @@ class _PerThreadDpGroup:
         with self._lock:
             self._callers -= 1
             if self._callers == 0:
-                dp_utils.get_dp_group = self._original
+                self._dp_utils.get_dp_group = self._original
                 self._original = None
 
 
-_dp_group_of_this_thread = _PerThreadDpGroup()
+_ROUTERS: dict[int, _PerThreadDpGroup] = {}
+_ROUTERS_LOCK = threading.Lock()
+
+
+def dp_group_of_this_thread(dp_utils) -> _PerThreadDpGroup:
+    with _ROUTERS_LOCK:
+        router = _ROUTERS.get(id(dp_utils))
+        if router is None:
+            router = _ROUTERS[id(dp_utils)] = _PerThreadDpGroup(dp_utils)
+        return router
 
 
 def vllm_check_ubatch_thresholds(config: HarnessConfig, num_tokens: int,
                                  uniform_decode: bool) -> bool:
     """vLLM's check_ubatch_thresholds on the translated ParallelConfig."""
-    return check_ubatch_thresholds(vllm_configs(config).parallel_config, num_tokens,
-                                   uniform_decode=uniform_decode)
+    return vllm_code(config).ubatch_utils.check_ubatch_thresholds(
+        vllm_configs(config).parallel_config, num_tokens, uniform_decode=uniform_decode)
 
 
 def vllm_sync(group, config: HarnessConfig, rank: int, batch: RankBatch,
               timeout_s: float, log: CollectiveLog | None = None) -> SyncDecision:
     """This rank's DP sync exactly as vLLM's runner calls it, as the harness's SyncDecision."""
+    return sync_with(DpGroupStandIn(group, timedelta(seconds=timeout_s), log), config, rank,
+                     batch)
+
+
+def sync_with(stand_in, config: HarnessConfig, rank: int, batch: RankBatch) -> SyncDecision:
+    """vLLM's dispatch_cg_and_sync_dp for this rank, its all-reduce done by `stand_in`."""
     configs = vllm_configs(config)
     manager = vllm_graph_manager(config)
-    stand_in = DpGroupStandIn(group, timedelta(seconds=timeout_s), log)
+    dp_utils = vllm_code(config).dp_utils
     uct = batch.uniform_token_count
-    with _dp_group_of_this_thread(stand_in):
+    with dp_group_of_this_thread(dp_utils)(stand_in):
         desc, state = dp_utils.dispatch_cg_and_sync_dp(
             manager, batch.num_reqs, batch.num_tokens, uct, config.dp_size, rank,
             max_query_len=batch.max_query_len,

@@ -3,6 +3,8 @@ registering it costs nothing where it is not installed."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from harness.batch import RankBatch
 from harness.config import DecisionSystem, HarnessConfig
 from harness.history.decision import StepPlan
@@ -12,6 +14,10 @@ from harness.sut.systems import DecisionCode, register
 
 
 def _graph_table(config: HarnessConfig, rank: int) -> GraphTable:
+    # A checkout given where no vllm is installed must be on the path before vLLM imports.
+    from harness.vllm_sut.code import ensure_vllm_importable
+
+    ensure_vllm_importable(config.vllm_src)
     from harness.vllm_sut.candidates import vllm_capture_order
 
     return GraphTable(config, rank, vllm_capture_order(config))
@@ -24,4 +30,13 @@ def _decide(group, config: HarnessConfig, rank: int, batch: RankBatch, timeout_s
     return vllm_decide_on_rank(group, config, rank, batch, timeout_s, log)
 
 
-register(DecisionSystem.VLLM, DecisionCode(_graph_table, _decide))
+def _plans_without_world(config: HarnessConfig, batches: Sequence[RankBatch]) -> list[StepPlan]:
+    from harness.vllm_sut.code import ensure_vllm_importable
+
+    ensure_vllm_importable(config.vllm_src)
+    from harness.vllm_sut.offline import vllm_plans_without_world
+
+    return vllm_plans_without_world(config, batches)
+
+
+register(DecisionSystem.VLLM, DecisionCode(_graph_table, _decide, _plans_without_world))

@@ -1,0 +1,62 @@
+"""vLLM's decision for every rank of a step with no world: each rank's contribution to the
+DP all-reduce is taken from vLLM's own sync (stopped at the all-reduce), summed here, and
+handed back to each rank's sync as the all-reduce's result. For exhaustive enumeration and
+for holding one vLLM's decisions against another's (`--differential-against base`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+from harness.batch import RankBatch
+from harness.config import HarnessConfig
+from harness.history.decision import StepPlan
+from harness.sut.step_plan import plan_step
+from harness.vllm_sut.sync import sync_with
+
+
+class _AllReduceReached(Exception):  # noqa: N818 - a control-flow signal, not an error
+    def __init__(self, tensor: torch.Tensor) -> None:
+        super().__init__("vLLM's sync reached its all-reduce")
+        self.tensor = tensor
+
+
+class _StopAtAllReduce:
+    """Stands in for the DP group: takes the rank's matrix and stops the sync there."""
+
+    def cpu_all_reduce_(self, tensor: torch.Tensor) -> torch.Tensor:
+        raise _AllReduceReached(tensor.clone())
+
+
+@dataclass(frozen=True)
+class _SummedAlready:
+    """Stands in for the DP group: the all-reduce's result is known, it is copied in."""
+
+    total: torch.Tensor
+
+    def cpu_all_reduce_(self, tensor: torch.Tensor) -> torch.Tensor:
+        tensor.copy_(self.total)
+        return tensor
+
+
+@lru_cache(maxsize=8192)
+def contribution(config: HarnessConfig, rank: int, batch: RankBatch) -> torch.Tensor:
+    """What this rank puts into vLLM's all-reduce for `batch` (zeros outside its column)."""
+    try:
+        sync_with(_StopAtAllReduce(), config, rank, batch)
+    except _AllReduceReached as reached:
+        return reached.tensor
+    raise RuntimeError(f"vLLM's sync for rank {rank} returned without an all-reduce "
+                       f"(dp_size {config.dp_size})")
+
+
+def vllm_plans_without_world(config: HarnessConfig,
+                             batches: Sequence[RankBatch]) -> list[StepPlan]:
+    """Every rank's plan, as vLLM's code for `config` makes it, with no process group."""
+    total = sum(contribution(config, rank, b) for rank, b in enumerate(batches))
+    stand_in = _SummedAlready(total)
+    return [plan_step(rank, b, sync_with(stand_in, config, rank, b))
+            for rank, b in enumerate(batches)]

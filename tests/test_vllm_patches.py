@@ -1,0 +1,184 @@
+"""The two upstream fixes of vLLM's empty-microbatch guard, run as patches over vllm 0.33.0:
+what each repairs and what it leaves, by the fuzzer, the exhaustive mode, the differential
+against the unpatched vLLM, on the sim world and in torchrun rank processes.
+
+Skipped where vLLM does not import (`make test-vllm` installs it)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from harness.check.exhaustive import explore
+from harness.check.judge import judge
+from harness.cli import main
+from harness.config import HarnessConfig, ubatching_fields
+from harness.fuzz.engine import FUZZ_TIMEOUTS, Budget, fuzz
+from harness.fuzz.variants import SUT_VARIANTS
+from harness.scenario import load_scenario, scenario_from_dict
+from harness.sut.thresholds import last_region_start
+from harness.vllm_code.source import VllmPatch, content_hash, read_patch
+from harness.vllm_sut.available import unavailable_reason, vllm_version
+from harness.world.sim import SimWorld
+
+if vllm_version() is None:
+    pytest.skip(unavailable_reason(), allow_module_level=True)
+
+only_0_33 = pytest.mark.skipif(vllm_version() != "0.33.0",
+                               reason=f"the patches are against vllm 0.33.0, this is "
+                               f"{vllm_version()}")
+ROOT = Path(__file__).resolve().parents[1]
+PATCHES = ROOT / "scenarios" / "vllm" / "patches"
+INCLUSIVE = read_patch(PATCHES / "pr57020-inclusive.diff")
+LAST_REGION = read_patch(PATCHES / "last-region-start.diff")
+# One budget for every cell, the same that finds the unpatched guard at k = 4 below and the
+# inclusive guard's k = 3 miss: a clean cell is clean where a bug would have been found.
+BUDGET = Budget(examples=100, seconds=None, shrink_seconds=60.0)
+GUARD_CHECKERS = ("no_empty_region", "differential", "captured_split")
+
+
+def fuzz_vllm(tmp_path, k: int, patches: tuple[VllmPatch, ...]):
+    fixed = {"max_num_reqs": 64, **ubatching_fields(k), "vllm_patches": patches}
+    with SimWorld(2, FUZZ_TIMEOUTS) as world:
+        return fuzz(SUT_VARIANTS["vllm"], world.run, world="sim", dp_sizes=(2,), fixed=fixed,
+                    budget=BUDGET, database=None, scenario_dir=tmp_path, seed=0)
+
+
+def last_step_tokens_and_graph(outcome) -> tuple[list[int], int]:
+    tokens = [len(r.query_lens) for r in outcome.scenario.steps[-1]]
+    graph = next(g for g in outcome.scenario.config.cudagraph_capture_sizes
+                 if g >= max(tokens))
+    return tokens, graph
+
+
+@only_0_33
+def test_the_budget_finds_the_unpatched_guard_at_four_microbatches(tmp_path):
+    outcome = fuzz_vllm(tmp_path, 4, ())
+    assert outcome.found and outcome.checker in GUARD_CHECKERS, outcome.note
+
+
+@only_0_33
+@pytest.mark.parametrize("k, patch", [(2, INCLUSIVE), (2, LAST_REGION), (3, LAST_REGION),
+                                      (4, LAST_REGION)], ids=lambda v: getattr(v, "name", v))
+def test_a_fix_leaves_its_configs_clean_within_the_budget(tmp_path, k, patch):
+    outcome = fuzz_vllm(tmp_path, k, (patch,))
+    assert not outcome.found, f"{outcome.checker}: {outcome.detail}"
+    assert outcome.examples >= 50, outcome.note  # the budget was spent searching
+
+
+@only_0_33
+def test_the_inclusive_guard_still_leaves_three_microbatches_empty_shrunk_to_the_boundary(
+        tmp_path):
+    outcome = fuzz_vllm(tmp_path, 3, (INCLUSIVE,))
+    assert outcome.found and outcome.checker in GUARD_CHECKERS, outcome.note
+    tokens, graph = last_step_tokens_and_graph(outcome)
+    # The smallest rank sits exactly on the last region's start, which 2 * min <= G lets by.
+    assert min(tokens) == last_region_start(graph, 3), outcome.scenario.to_json()
+    assert 2 * min(tokens) > graph
+    saved = next(tmp_path.glob("vllm-*.json")).read_text()
+    assert INCLUSIVE.sha256 in saved and "diff --git" not in saved
+
+
+def exhaustive(patches: tuple[VllmPatch, ...], dp: int, k: int, tokens: int):
+    # The lowest decode threshold: every graph of the ladder has microbatched twins.
+    config = HarnessConfig(dp_size=dp, max_num_reqs=tokens, max_num_batched_tokens=tokens,
+                           decode_threshold=k, sut="vllm", vllm_patches=patches,
+                           **ubatching_fields(k))
+    return explore(config, tokens)
+
+
+# The full bounds (512 tokens at DP 2, 96 at DP 3) take about 4 minutes each here (one
+# vLLM sync per rank per vector); the README has those runs. Tests keep to a sixth of that.
+@only_0_33
+@pytest.mark.parametrize("dp, k, tokens", [(2, 2, 128), (3, 3, 36)])
+def test_the_exhaustive_mode_finds_nothing_with_the_last_region_guard(dp, k, tokens):
+    result = exhaustive((LAST_REGION,), dp, k, tokens)
+    assert result.ok, result.counterexamples
+
+
+@only_0_33
+@pytest.mark.parametrize("patches, k", [((), 2), ((INCLUSIVE,), 3)], ids=["none", "pr57020"])
+def test_the_exhaustive_mode_finds_the_guard_the_patch_leaves(patches, k):
+    result = exhaustive(patches, 3, k, 24)
+    assert [c.checker for c in result.counterexamples] == ["no_empty_region"]
+
+
+def patched(text: str, old: str, new: str, name: str) -> VllmPatch:
+    assert old in text
+    body = text.replace(old, new)
+    return VllmPatch(name, content_hash(body), body)
+
+
+def guard_scenario(tokens: list[int], patch: VllmPatch):
+    return scenario_from_dict({
+        "config": {"sut": "vllm", "capture_sizes": [4], "max_num_reqs": 64,
+                   "max_num_batched_tokens": 64, "decode_threshold": 2,
+                   "prefill_threshold": 4, "vllm_patches": [patch.to_dict()],
+                   "differential_against_base": True},
+        "steps": [{"ranks": tokens}]})
+
+
+@only_0_33
+def test_the_differential_against_base_names_a_decision_the_fix_was_not_meant_to_change():
+    # Over-reaching: this guard also sends [3, 4] on a 4-token graph to eager, which the
+    # unpatched vLLM (and the reference) replay as a microbatched graph.
+    greedy = patched(INCLUSIVE.diff, "<= ubatch_desc.num_tokens:",
+                     "<= ubatch_desc.num_tokens + 2:", "greedy.diff")
+    with SimWorld(2, FUZZ_TIMEOUTS) as world:
+        result = judge(world.run(guard_scenario([3, 4], greedy)))
+        fixed = judge(world.run(guard_scenario([2, 4], LAST_REGION)))
+    verdicts = {v.checker: v for v in result.steps[0].verdicts}
+    assert not verdicts["differential_base"].ok
+    assert verdicts["differential_base"].detail == (
+        "rank 0: decision: eager-microbatched (base vllm: full-microbatched, reference: "
+        "full-microbatched): a decision the unpatched vLLM got right")
+    step = {v.checker: v for v in fixed.steps[0].verdicts}
+    assert fixed.ok, fixed.failed_verdicts()
+    assert "changed where the base vllm was wrong" in step["differential_base"].detail
+
+
+@only_0_33
+def test_every_torchrun_rank_process_runs_the_patched_code(capsys):
+    scenario = str(ROOT / "scenarios" / "vllm" / "guard-half-graph-k2.json")
+    assert main(["run", "--scenario", scenario, "--world", "torchrun"]) == 1
+    assert main(["run", "--scenario", scenario, "--world", "torchrun",
+                 "--vllm-patch", str(PATCHES / "pr57020-inclusive.diff")]) == 0
+    out = capsys.readouterr().out
+    assert "patched with pr57020-inclusive.diff" in out and "all checkers hold" in out
+
+
+@only_0_33
+def test_a_checkout_given_by_vllm_src_decides_and_is_named_with_its_commit(tmp_path, capsys):
+    installed = Path(vllm_version.__globals__["importlib"].util.find_spec("vllm").origin).parent
+    for rel in ("v1/worker/ubatch_utils.py", "v1/worker/gpu/cudagraph_utils.py",
+                "v1/worker/gpu/dp_utils.py"):
+        (tmp_path / "vllm" / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(installed / rel, tmp_path / "vllm" / rel)
+    dp_utils = tmp_path / "vllm" / "v1" / "worker" / "gpu" / "dp_utils.py"
+    dp_utils.write_text(dp_utils.read_text().replace(
+        "min()) < ubatch_desc.num_tokens:", "min()) <= ubatch_desc.num_tokens:"))
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "HEAD").write_text("cd" * 20 + "\n")
+    argv = ["decide", "--tokens", "2,4", "--capture-sizes", "4", "--decode-threshold", "2",
+            "--prefill-threshold", "4", "--sut", "vllm"]
+    assert main(argv) == 0
+    assert "full-microbatched" in capsys.readouterr().out
+    assert main([*argv, "--vllm-src", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"at {tmp_path}, git {'cd' * 6}" in out and "eager-microbatched" in out
+
+
+@only_0_33
+def test_a_stale_patch_is_one_line_and_exit_2(tmp_path, capsys):
+    stale = tmp_path / "stale.diff"
+    stale.write_text(INCLUSIVE.diff.replace(" num_active_loras=num_active_loras,",
+                                            " num_active_loras=0,"))
+    scenario = load_scenario(ROOT / "scenarios" / "vllm" / "guard-half-graph-k2.json")
+    path = tmp_path / "s.json"
+    path.write_text(scenario.to_json())
+    assert main(["run", "--scenario", str(path), "--vllm-patch", str(stale)]) == 2
+    err = capsys.readouterr().err
+    assert "stale.diff: hunk 1 of vllm/v1/worker/gpu/dp_utils.py" in err
+    assert err.count("\n") == 1
