@@ -185,7 +185,7 @@ def test_gloo_s_abort_message_is_read_as_type_and_what():
 def test_the_fuzzer_finds_the_size_mismatched_all_to_all_shrinks_it_and_exits_1(
         capsys, tmp_path):
     code = main(["fuzz", "--variant", "a2a-unpadded-sizes", "--nproc", "2", "--examples", "60",
-                 "--shrink-seconds", "15", "--hypothesis-seed", "0", "--json", "--no-database",
+                 "--shrink-seconds", "60", "--hypothesis-seed", "0", "--json", "--no-database",
                  "--log", str(tmp_path / "log.jsonl"), "--found-dir", str(tmp_path)])
     out = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert code == EXIT_FOUND, out
