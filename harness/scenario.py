@@ -119,6 +119,22 @@ class Scenario:
                        if f.rank != rank)
         return replace(self, config=config, steps=steps, faults=faults)
 
+    def one_token_fewer(self, step: int, rank: int) -> Scenario | None:
+        """`rank`'s batch at `step` one token shorter: its last request loses a token, or goes
+        when it had one (a uniform decode stays one). None when the rank is idle there."""
+        ranks = self.steps[step]
+        lens = list(ranks[rank].query_lens)
+        if not lens:
+            return None
+        if lens[-1] > 1:
+            lens[-1] -= 1
+        else:
+            lens.pop()
+        shorter = replace(ranks[rank], query_lens=tuple(lens))
+        steps = list(self.steps)
+        steps[step] = ranks[:rank] + (shorter,) + ranks[rank + 1:]
+        return replace(self, steps=tuple(steps))
+
     def with_reference_behaviour(self) -> Scenario:
         """The same scenario with the variant switched back to the reference."""
         config = HarnessConfig(**{**self.config.to_dict(), **dict(self.reference_changes)})

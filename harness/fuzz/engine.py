@@ -269,7 +269,7 @@ def fuzz(variant: Variant, run: Callable[[Scenario], ScenarioHistory], *, world:
                            seconds, None, None, None, None, note or "examples exhausted",
                            tuple(search.flaky))
     minimal = reduce_scenario(search.last_failing, lambda s: search.fails_like(s, failure),
-                              dp_sizes)
+                              dp_sizes, token_seconds=search.budget.shrink_seconds)
     # Saved as a regression scenario: the checker that must catch it, and the undo.
     shrunk = replace(minimal, caught_by=failure.verdict.checker,
                      reference_changes=variant.undo)
