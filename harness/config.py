@@ -14,6 +14,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from harness.bug_switches import A2ABuffers, CaptureKey, EagerSlices, UbatchVote
 from harness.data_file import read_data_file
 from harness.errors import ConfigError
 
@@ -102,7 +103,8 @@ def _is_int(value: Any) -> bool:
 
 
 # Switches of the harness's miniature; the vllm system brings its own behaviour.
-HARNESS_ONLY_FIELDS = (("guard", "fixed"), ("twins", "reachable"), ("threshold_offset_rank", None))
+HARNESS_ONLY_FIELDS = (("guard", "fixed"), ("twins", "reachable"), ("threshold_offset_rank", None),
+                       ("ubatch_vote", "synced"))
 
 
 class CaptureOn(enum.Enum):
@@ -171,6 +173,11 @@ class HarnessConfig:
     all2all_backend: All2AllBackend = All2AllBackend.LOW_LATENCY
     capture_on: CaptureOn = CaptureOn.RUNNER
     sut: DecisionSystem = DecisionSystem.HARNESS
+    # Bugs of vLLM's history (docs/spec.md §7.11-7.14), planted by the variants.
+    capture_key: CaptureKey = CaptureKey.TOTAL
+    eager_slices: EagerSlices = EagerSlices.OWN
+    a2a_buffers: A2ABuffers = A2ABuffers.LARGEST_BATCH
+    ubatch_vote: UbatchVote = UbatchVote.SYNCED
     # The GPU suite's world of one rank (one GPU): microbatching with dp_size 1, whose
     # all-to-all is a size-one NCCL op. Allowed nowhere else.
     single_rank_gpu_world: bool = False
@@ -186,6 +193,9 @@ class HarnessConfig:
         object.__setattr__(self, "capture_on",
                            _parse_enum(CaptureOn, self.capture_on, "capture_on"))
         object.__setattr__(self, "sut", _parse_enum(DecisionSystem, self.sut, "sut"))
+        for name, enum_cls in (("capture_key", CaptureKey), ("eager_slices", EagerSlices),
+                               ("a2a_buffers", A2ABuffers), ("ubatch_vote", UbatchVote)):
+            object.__setattr__(self, name, _parse_enum(enum_cls, getattr(self, name), name))
         if self.capture_sizes is not None:
             if not isinstance(self.capture_sizes, list | tuple):
                 raise ConfigError("capture_sizes", "must be a list of positive integers, got "

@@ -11,7 +11,8 @@ HARNESS = Path(__file__).resolve().parents[1] / "harness"
 
 # Lowest first. A top-level module counts as a package of its own.
 LAYERS = (
-    "errors", "data_file", "config", "timeouts", "batch", "faults",  # plain data and rules
+    "errors", "data_file", "bug_switches", "config", "timeouts", "batch",  # plain data and rules
+    "faults",
     "runtime",  # collectives, streams, graphs, the microbatch thread ring
     "model",  # the miniature MoE and its single-process reference
     "scenario",  # one replayable case

@@ -39,7 +39,7 @@ def detection_rows(world: str, seeds: list[int], budget_s: float) -> list[Detect
     rows = []
     with WorldPool(world, "gloo", FUZZ_TIMEOUTS, nproc) as pool:
         for name, variant in VARIANTS.items():
-            if variant.is_reference:
+            if variant.is_reference or (world == "sim" and variant.torchrun_only):
                 continue
             seconds, examples = [], []
             for seed in seeds:

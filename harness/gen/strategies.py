@@ -246,10 +246,11 @@ def scenarios(draw, config_strategy: st.SearchStrategy[HarnessConfig], *,
 
 def steering(scenario: Scenario) -> dict[str, float]:
     """What `target()` maximises: closeness of the smallest rank to the last region start of
-    the graph the largest rank pads to (the guard boundary), and the most padding of a rank."""
+    the graph the largest rank pads to (the guard boundary), the most padding of a rank, and
+    the number of steps that replay a microbatched graph."""
     config = scenario.config
     k = max(config.num_ubatches, 2)
-    closeness, padding = -float(config.max_num_batched_tokens), 0.0
+    closeness, padding, twin_replays = -float(config.max_num_batched_tokens), 0.0, 0.0
     for i in range(len(scenario.steps)):
         batches = scenario.batches(i)
         counts = [b.num_tokens for b in batches]
@@ -259,4 +260,7 @@ def steering(scenario: Scenario) -> dict[str, float]:
             closeness = max(closeness, -float(abs(min(counts) - boundary)))
         plans = plan_without_world(config, batches)
         padding = max(padding, *(float(p.num_tokens - p.real_tokens) for p in plans))
-    return {"guard boundary closeness": closeness, "padding": padding}
+        # Steps that replay a twin: rare once k >= 3 (the guard wants min > (G // k) * (k-1)).
+        twin_replays += float(plans[0].kind == "full-microbatched")
+    return {"guard boundary closeness": closeness, "padding": padding,
+            "microbatched replays": twin_replays}
