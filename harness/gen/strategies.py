@@ -30,7 +30,9 @@ DECODE_THRESHOLDS = (2, 4, 8, 16)
 PREFILL_THRESHOLDS = (4, 16, 32)
 FUZZ_MAX_TOKENS = 64
 # The straddle shape twice: it is the one that couples ranks across a guard boundary.
-SKEW_SHAPES = ("straddle", "straddle", "uniform", "all-equal", "one-hot", "zipf", "idle")
+# "filled": every rank in the last region of one graph, the batches a microbatched graph replays.
+SKEW_SHAPES = ("straddle", "straddle", "uniform", "all-equal", "one-hot", "zipf", "idle",
+               "filled")
 
 
 @st.composite
@@ -141,7 +143,8 @@ def rank_batch(draw, config: HarnessConfig, tokens: int | None = None) -> RankBa
         return RankBatch.uniform(n, 1, allow_ubatching=allow)
     n = tokens if tokens is not None else draw(token_counts(config,
                                                             config.max_num_batched_tokens))
-    reqs = draw(st.integers(1, min(n, config.max_num_reqs)))
+    # Often one long prefill chunk alone, as real mixed traffic has.
+    reqs = draw(st.one_of(st.integers(1, min(n, config.max_num_reqs)), st.just(1)))
     return RankBatch.uniform(n, None, num_reqs=reqs, allow_ubatching=allow)
 
 
@@ -159,6 +162,10 @@ def skewed_token_counts(draw, config: HarnessConfig) -> list[int]:
     shape = draw(st.sampled_from(SKEW_SHAPES))
     if shape == "straddle" and config.cudagraph_capture_sizes:
         return draw(straddling_token_counts(config))
+    if shape == "filled" and config.cudagraph_capture_sizes:
+        graph = draw(st.sampled_from(config.cudagraph_capture_sizes))
+        low = min(last_region_start(graph, max(config.num_ubatches, 2)) + 1, graph)
+        return [draw(st.integers(low, graph)) for _ in range(dp)]
     if shape == "uniform":
         return [draw(count) for _ in range(dp)]
     if shape == "all-equal":
