@@ -265,11 +265,12 @@ def describe_scenario(outcome: FuzzOutcome) -> str:
 
 
 def _print_table(outcomes: list[FuzzOutcome]) -> None:
-    print(f"\n{'variant':24} {'verdict':8} {'checker':22} {'to detection':>14} {'examples':>8} "
-          f"{'seconds':>8}")
+    width = max(24, *(len(o.variant) for o in outcomes))  # names of vLLM's bugs run long
+    print(f"\n{'variant':{width}} {'verdict':8} {'checker':22} {'to detection':>14} "
+          f"{'examples':>8} {'seconds':>8}")
     for o in outcomes:
         verdict = "ok" if did_its_job(o) else ("FALSE" if o.found else "MISSED")
         detect = (f"{o.examples_to_detection} / {o.seconds_to_detection:.1f}s" if o.found
                   else "-")
-        print(f"{o.variant:24} {verdict:8} {o.checker or '-':22} {detect:>14} "
+        print(f"{o.variant:{width}} {verdict:8} {o.checker or '-':22} {detect:>14} "
               f"{o.examples:>8} {o.seconds:8.1f}")
