@@ -14,6 +14,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from harness.bug_switches import A2ABuffers, CaptureKey, EagerSlices, UbatchVote
 from harness.data_file import read_data_file
 from harness.errors import ConfigError
 from harness.vllm_code.source import VllmPatch, check_vllm_code_fields, parse_patches
@@ -70,15 +71,6 @@ class All2AllBackend(enum.Enum):
     HIGH_THROUGHPUT = "deepep_high_throughput"  # yield first, then a blocking all-to-all
 
 
-class A2aBuffers(enum.Enum):
-    """How each microbatch's dispatch/combine all-to-all buffers are sized (docs/spec.md §5.4)."""
-
-    MAX_TOKENS = "max-tokens"  # max_num_batched_tokens per rank: equal on every rank
-    # The bug: sized from the microbatch's own unpadded token count, so ranks whose real
-    # tokens differ exchange different sizes (gloo aborts the receiving process).
-    UNPADDED = "unpadded"
-
-
 class DecisionSystem(enum.Enum):
     """Whose decision code the ranks run: candidates, dispatch, thresholds and the DP sync."""
 
@@ -112,7 +104,8 @@ def _is_int(value: Any) -> bool:
 
 
 # Switches of the harness's miniature; the vllm system brings its own behaviour.
-HARNESS_ONLY_FIELDS = (("guard", "fixed"), ("twins", "reachable"), ("threshold_offset_rank", None))
+HARNESS_ONLY_FIELDS = (("guard", "fixed"), ("twins", "reachable"), ("threshold_offset_rank", None),
+                       ("ubatch_vote", "synced"))
 
 
 class CaptureOn(enum.Enum):
@@ -180,13 +173,17 @@ class HarnessConfig:
     protocol: UbatchProtocol = UbatchProtocol.ABORTABLE
     all2all_backend: All2AllBackend = All2AllBackend.LOW_LATENCY
     capture_on: CaptureOn = CaptureOn.RUNNER
-    a2a_buffers: A2aBuffers = A2aBuffers.MAX_TOKENS
     sut: DecisionSystem = DecisionSystem.HARNESS
     # sut vllm only: a checkout's decision modules, diffs applied over them in memory, and
     # the unpatched vLLM's decisions held up beside the reference (harness/vllm_sut/code.py).
     vllm_src: str | None = None
     vllm_patches: tuple[VllmPatch, ...] = ()
     differential_against_base: bool = False
+    # Bugs of vLLM's history (docs/spec.md §7.12-7.15), planted by the variants.
+    capture_key: CaptureKey = CaptureKey.TOTAL
+    eager_slices: EagerSlices = EagerSlices.OWN
+    a2a_buffers: A2ABuffers = A2ABuffers.MAX_TOKENS
+    ubatch_vote: UbatchVote = UbatchVote.SYNCED
     # The GPU suite's world of one rank (one GPU): microbatching with dp_size 1, whose
     # all-to-all is a size-one NCCL op. Allowed nowhere else.
     single_rank_gpu_world: bool = False
@@ -201,10 +198,11 @@ class HarnessConfig:
             All2AllBackend, self.all2all_backend, "all2all_backend"))
         object.__setattr__(self, "capture_on",
                            _parse_enum(CaptureOn, self.capture_on, "capture_on"))
-        object.__setattr__(self, "a2a_buffers",
-                           _parse_enum(A2aBuffers, self.a2a_buffers, "a2a_buffers"))
         object.__setattr__(self, "sut", _parse_enum(DecisionSystem, self.sut, "sut"))
         object.__setattr__(self, "vllm_patches", parse_patches(self.vllm_patches))
+        for name, enum_cls in (("capture_key", CaptureKey), ("eager_slices", EagerSlices),
+                               ("a2a_buffers", A2ABuffers), ("ubatch_vote", UbatchVote)):
+            object.__setattr__(self, name, _parse_enum(enum_cls, getattr(self, name), name))
         if self.capture_sizes is not None:
             if not isinstance(self.capture_sizes, list | tuple):
                 raise ConfigError("capture_sizes", "must be a list of positive integers, got "

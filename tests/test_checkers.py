@@ -44,7 +44,8 @@ def records(tokens=(20, 24)) -> list[StepRecord]:
                        fingerprint=(("all_reduce", (6, 2), "int32"),
                                     ("all_to_all", (258, 19), "float64")),
                        routes=ROUTES, outputs=ROWS, state=STATE, threads_alive=(),
-                       pending_run=False, error=None, injected_fault=False, seconds=0.01)
+                       pending_run=False, error=None, injected_fault=False, seconds=0.01,
+                       replayed=p.desc.label())
             for p in plans]
 
 

@@ -45,7 +45,8 @@ def step_records(ranks: int) -> list[StepRecord]:
     return [StepRecord(rank=p.rank, step=0, plan=p, executed="replay", captured_split=SPLIT,
                        replay_split=SPLIT, fingerprint=FINGERPRINT, routes=routes(p.rank),
                        outputs=ROWS, state=STATE, threads_alive=(), pending_run=False,
-                       error=None, injected_fault=False, seconds=0.01)
+                       error=None, injected_fault=False, seconds=0.01,
+                       replayed=p.desc.label(), ran_split=SPLIT, a2a_tokens_per_rank=64)
             for p in plans(ranks)]
 
 
@@ -70,7 +71,9 @@ def names_rank(detail: str, rank: int) -> bool:
 
 
 def other_desc(rec: StepRecord) -> StepRecord:
-    return replace(rec, plan=replace(rec.plan, desc=replace(rec.plan.desc, num_tokens=64)))
+    # The rank decided another graph and replayed it: only the agreement across ranks breaks.
+    desc = replace(rec.plan.desc, num_tokens=64)
+    return replace(rec, plan=replace(rec.plan, desc=desc), replayed=desc.label())
 
 
 def with_empty_last_region(rec: StepRecord) -> StepRecord:
@@ -90,6 +93,10 @@ STEP_BREAKS: dict[str, Callable[[StepRecord], StepRecord]] = {
         r, outputs=(ROWS[0], (ROWS[1][0] + 1e-8, ROWS[1][1]))),
     "routing_provenance": lambda r: replace(r, routes=r.routes[:1]),
     "thread_hygiene": lambda r: replace(r, threads_alive=("ubatch-1",)),
+    # harness/check/execution.py
+    "executes_plan": lambda r: replace(r, replayed="FULL/32tok/32req/uct1"),
+    "split_consensus": lambda r: replace(r, ran_split=((0, 32, 0, 32),)),
+    "dispatch_capacity": lambda r: replace(r, a2a_tokens_per_rank=15),
 }
 
 

@@ -41,7 +41,8 @@ def detection_rows(world: str, seeds: list[int], budget_s: float,
     rows = []
     with WorldPool(world, "gloo", FUZZ_TIMEOUTS, nproc) as pool:
         for name, variant in VARIANTS.items():
-            if variant.is_reference or (names is not None and name not in names):
+            if variant.is_reference or (names is not None and name not in names) \
+                    or (world == "sim" and variant.torchrun_only):
                 continue
             seconds, examples = [], []
             for seed in seeds:

@@ -7,10 +7,11 @@ first offending value, so a report says which input broke what where.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
+from harness.check import execution
 from harness.check.agreement import first_disagreement
 from harness.check.reference import ReferenceRows
+from harness.check.verdict import Verdict, _fail, _ok
 from harness.errors import ErrorOrigin
 from harness.history.decision import StepPlan
 from harness.history.records import Rows, StartupRecord, StepRecord, rows_tensor
@@ -23,22 +24,6 @@ TOLERANCE = 1e-9
 NAMED_FAULT_ERRORS = ("InjectedFault", "RankKilled", "RankCrashed", "MicrobatchFailed")
 
 
-@dataclass(frozen=True)
-class Verdict:
-    checker: str
-    ok: bool
-    detail: str = ""
-
-    def to_dict(self) -> dict[str, object]:
-        return {"checker": self.checker, "ok": self.ok, "detail": self.detail}
-
-
-def _ok(name: str, detail: str = "") -> Verdict:
-    return Verdict(name, True, detail)
-
-
-def _fail(name: str, detail: str) -> Verdict:
-    return Verdict(name, False, detail)
 
 
 # -- per step ---------------------------------------------------------------------------------
@@ -220,6 +205,7 @@ def check_step(records: Sequence[StepRecord | None], reference: ReferenceRows,
         lambda: check_reference(records, reference),
         lambda: check_routing(records, reference),
         lambda: check_thread_hygiene(records),
+        *(lambda check=check: check(records) for check in execution.STEP_CHECKS),
     ]
     if reference.plans is not None and reference.base_plans is not None:
         checks.append(lambda: check_differential_base(records, reference.base_plans,

@@ -219,8 +219,10 @@ def decide(config: HarnessConfig, table: Sequence[GraphDescriptor], batch: RankB
     if max_tokens == 0:  # T0: every rank idle, no state
         return GraphDescriptor(NONE, 0, 0), None
     # 2: thresholds are monotone in n, so they are tested on the smallest rank (§3.1).
-    if all(a == 1 for a in allows) and thresholds_hold(config, min_tokens, uniform_decode,
-                                                       config.decode_threshold):
+    # ubatch_vote rank-local (§7.15): this rank also leaves if it has fewer requests than k.
+    alone = config.ubatch_vote.value == "rank-local" and batch.num_reqs < k
+    if all(a == 1 for a in allows) and not alone and thresholds_hold(
+            config, min_tokens, uniform_decode, config.decode_threshold):
         desc = None
         if config.cudagraph_mode is not NONE:  # 2a: a k-way dispatch of the largest rank
             graph = dispatch(table, batch.num_reqs, max_tokens, synced_uct, num_ubatches=k)

@@ -28,6 +28,8 @@ class Variant:
     fault_every: int = 1  # about one scenario in this many carries a fault
     # Fields drawn per example rather than fixed (their strategies).
     drawn: tuple[tuple[str, st.SearchStrategy], ...] = field(default=(), compare=False)
+    # Why the sim world cannot run it yet (its ranks share one process); empty: it can.
+    torchrun_only: str = ""
 
     @property
     def is_reference(self) -> bool:
@@ -73,6 +75,33 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
             "sizes (gloo aborts the process that receives more than it expects)",
             changes=(("a2a_buffers", "unpadded"),), undo=(("a2a_buffers", "max-tokens"),),
             caught_by=("errors", "startup")),
+    # vLLM's bug history (docs/spec.md §7.12-7.15).
+    Variant("twin-stored-under-two-ubatches", "vLLM issue #43145: a microbatched graph is "
+            "stored under the tokens of its first two microbatches and looked up by the "
+            "total, so with k >= 3 it is never found and the step runs eagerly",
+            changes=(("capture_key", "first-two"),), undo=(("capture_key", "total"),),
+            caught_by=("executes_plan",), ubatch_counts=(3,),
+            # The bug lives where twins are captured: no mode without FULL graphs.
+            drawn=(("cudagraph_mode", st.sampled_from(("FULL", "FULL_DECODE_ONLY"))),)),
+    Variant("eager-step-graph-padded-slices", "vLLM PR #29933: a split step that replays no "
+            "graph runs microbatch slices padded as a graph's, to requests it does not have",
+            changes=(("eager_slices", "graph-padded"),), undo=(("eager_slices", "own"),),
+            caught_by=("eager_slices",)),
+    Variant("a2a-buffers-sized-for-a-microbatch", "vLLM issue #52176: the all-to-all buffers "
+            "take one microbatch of the largest batch, so a step that does not split runs "
+            "a batch larger than the buffers",
+            changes=(("a2a_buffers", "microbatch"),), undo=(("a2a_buffers", "max-tokens"),),
+            caught_by=("dispatch_capacity", "startup", "errors"),
+            # One rank refuses its dispatch while its peer's all-to-all is in flight; tearing
+            # the sim world's in-process gloo groups down after that blocks in gloo.
+            torchrun_only="a rank refuses its dispatch while its peer's gloo all-to-all is in "
+                          "flight, and the sim world's in-process groups then cannot be torn "
+                          "down (its ranks need processes of their own)"),
+    Variant("rank-local-ubatch-opt-out", "a rank with fewer requests than microbatches leaves "
+            "the split on its own, a value no other rank consults; its peers wait in "
+            "all-to-alls it never joins (vLLM PR #50945's review)",
+            changes=(("ubatch_vote", "rank-local"),), undo=(("ubatch_vote", "synced"),),
+            caught_by=("split_consensus", "agreement", "errors")),
 )}
 
 

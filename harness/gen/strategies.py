@@ -30,7 +30,9 @@ DECODE_THRESHOLDS = (2, 4, 8, 16)
 PREFILL_THRESHOLDS = (4, 16, 32)
 FUZZ_MAX_TOKENS = 64
 # The straddle shape twice: it is the one that couples ranks across a guard boundary.
-SKEW_SHAPES = ("straddle", "straddle", "uniform", "all-equal", "one-hot", "zipf", "idle")
+# "filled": every rank in the last region of one graph, the batches a microbatched graph replays.
+SKEW_SHAPES = ("straddle", "straddle", "uniform", "all-equal", "one-hot", "zipf", "idle",
+               "filled")
 
 
 @st.composite
@@ -141,7 +143,8 @@ def rank_batch(draw, config: HarnessConfig, tokens: int | None = None) -> RankBa
         return RankBatch.uniform(n, 1, allow_ubatching=allow)
     n = tokens if tokens is not None else draw(token_counts(config,
                                                             config.max_num_batched_tokens))
-    reqs = draw(st.integers(1, min(n, config.max_num_reqs)))
+    # Often one long prefill chunk alone, as real mixed traffic has.
+    reqs = draw(st.one_of(st.integers(1, min(n, config.max_num_reqs)), st.just(1)))
     return RankBatch.uniform(n, None, num_reqs=reqs, allow_ubatching=allow)
 
 
@@ -159,6 +162,10 @@ def skewed_token_counts(draw, config: HarnessConfig) -> list[int]:
     shape = draw(st.sampled_from(SKEW_SHAPES))
     if shape == "straddle" and config.cudagraph_capture_sizes:
         return draw(straddling_token_counts(config))
+    if shape == "filled" and config.cudagraph_capture_sizes:
+        graph = draw(st.sampled_from(config.cudagraph_capture_sizes))
+        low = min(last_region_start(graph, max(config.num_ubatches, 2)) + 1, graph)
+        return [draw(st.integers(low, graph)) for _ in range(dp)]
     if shape == "uniform":
         return [draw(count) for _ in range(dp)]
     if shape == "all-equal":
@@ -285,10 +292,11 @@ def scenarios(draw, config_strategy: st.SearchStrategy[HarnessConfig], *,
 
 def steering(scenario: Scenario) -> dict[str, float]:
     """What `target()` maximises: closeness of the smallest rank to the last region start of
-    the graph the largest rank pads to (the guard boundary), and the most padding of a rank."""
+    the graph the largest rank pads to (the guard boundary), the most padding of a rank, and
+    the number of steps that replay a microbatched graph."""
     config = scenario.config
     k = max(config.num_ubatches, 2)
-    closeness, padding = -float(config.max_num_batched_tokens), 0.0
+    closeness, padding, twin_replays = -float(config.max_num_batched_tokens), 0.0, 0.0
     for i in range(len(scenario.steps)):
         batches = scenario.batches(i)
         counts = [b.num_tokens for b in batches]
@@ -298,4 +306,7 @@ def steering(scenario: Scenario) -> dict[str, float]:
             closeness = max(closeness, -float(abs(min(counts) - boundary)))
         plans = plan_without_world(config, batches)
         padding = max(padding, *(float(p.num_tokens - p.real_tokens) for p in plans))
-    return {"guard boundary closeness": closeness, "padding": padding}
+        # Steps that replay a twin: rare once k >= 3 (the guard wants min > (G // k) * (k-1)).
+        twin_replays += float(plans[0].kind == "full-microbatched")
+    return {"guard boundary closeness": closeness, "padding": padding,
+            "microbatched replays": twin_replays}

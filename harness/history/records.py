@@ -59,6 +59,9 @@ class StepRecord:
     error: StepError | None
     injected_fault: bool
     seconds: float
+    replayed: str | None = None  # label of the captured graph whose replay ran, if any
+    ran_split: tuple[Span, ...] = ()  # the slices the model ran (one for an unsplit step)
+    a2a_tokens_per_rank: int | None = None  # what this rank's all-to-all buffers take
 
     @classmethod
     def failed(cls, rank: int, step: int, error: StepError, *,

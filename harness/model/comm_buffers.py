@@ -14,6 +14,11 @@ SRC_COL, TOK_COL, EXPERT_COL = 0, 1, 2
 NUM_PROVENANCE_COLS = 3
 
 
+class DispatchOverflow(RuntimeError):
+    """A microbatch holds more tokens than the all-to-all buffers take per rank (DeepEP's
+    low-latency dispatch refuses such a batch on the host, before any transfer)."""
+
+
 @dataclass(frozen=True)
 class CommBuffers:
     """Fixed-size dispatch/combine buffers of one microbatch: every peer block holds a count

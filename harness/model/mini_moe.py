@@ -25,7 +25,8 @@ from collections.abc import Callable
 
 import torch
 
-from harness.config import A2aBuffers, All2AllBackend, HarnessConfig
+from harness.bug_switches import A2ABuffers
+from harness.config import All2AllBackend, HarnessConfig
 from harness.model.comm_buffers import (
     EXPERT_COL,
     NUM_PROVENANCE_COLS,
@@ -33,6 +34,7 @@ from harness.model.comm_buffers import (
     TOK_COL,
     CommBuffers,
     DispatchHandle,
+    DispatchOverflow,
 )
 from harness.model.state import StateCache
 from harness.model.step_buffers import Microbatch
@@ -42,6 +44,14 @@ from harness.runtime.overlap import MicrobatchOverlap, NoOverlap
 Wait = Callable[[], None]
 # Issue `out <- all_to_all(inp)` with equal splits and return how to wait for it.
 AllToAll = Callable[[torch.Tensor, torch.Tensor], Wait]
+
+
+def a2a_tokens_per_rank(config: HarnessConfig) -> int:
+    """Tokens per rank the all-to-all buffers take: the largest batch (a2a_buffers
+    max-tokens), or (vLLM issue #52176) one microbatch of it, rounded up."""
+    if config.a2a_buffers is A2ABuffers.MICROBATCH and config.num_ubatches > 1:
+        return -(-config.max_num_batched_tokens // config.num_ubatches)
+    return config.max_num_batched_tokens
 
 
 class MiniMoE:
@@ -68,8 +78,8 @@ class MiniMoE:
         self.width = self.hidden_size + NUM_PROVENANCE_COLS
         # DeepEP low-latency style: a fixed max tokens per rank, so every rank sends the same
         # sizes whatever its own batch (an idle or unpadded rank included).
-        self.capacity = config.max_num_batched_tokens * config.top_k
-        self.unpadded_buffers = config.a2a_buffers is A2aBuffers.UNPADDED
+        self.capacity = a2a_tokens_per_rank(config) * config.top_k
+        self.unpadded_buffers = config.a2a_buffers is A2ABuffers.UNPADDED
         self.blocking_all_to_all = config.all2all_backend is All2AllBackend.HIGH_THROUGHPUT
         self._buffers: dict[tuple[int, int, int], CommBuffers] = {}
         self._last: dict[tuple[int, int], CommBuffers] = {}  # last used, per microbatch size
@@ -163,6 +173,10 @@ class MiniMoE:
                  ) -> tuple[DispatchHandle, torch.Tensor]:
         overlap.maybe_run_recv_hook()
         num_tokens, k, h = hidden.shape[0], self.top_k, self.hidden_size
+        if num_tokens * k > self.capacity:
+            # A shape check on the host, as DeepEP's dispatch asserts; no transfer starts.
+            raise DispatchOverflow(f"rank {self.rank} dispatches {num_tokens} tokens into "
+                                   f"all-to-all buffers of {self.capacity // k} tokens per rank")
         bufs = self.reserve(overlap.current_ubatch_id(), num_tokens, real_tokens)
         ids = topk_ids.reshape(-1)
         routed = ids >= 0

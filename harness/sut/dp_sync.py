@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.batch import RankBatch
+from harness.bug_switches import UbatchVote
 from harness.config import CudaGraphMode, HarnessConfig
 from harness.history.decision import DpSyncState, GraphDescriptor
 from harness.runtime.comm import CollectiveLog, all_reduce_sum
@@ -54,7 +55,8 @@ def decide_from_matrix(config: HarnessConfig, table: GraphTable,
         uniform_decode = (batch.uniform_token_count == config.decode_query_len
                           and all(u == local_uct for u in ucts))
         min_tokens = min(tokens)
-        if ubatch_thresholds_met(config, min_tokens, uniform_decode):
+        if ubatch_thresholds_met(config, min_tokens, uniform_decode) and not (
+                opts_out_alone(config, batch)):
             return _microbatched(config, table, tokens, reqs, batch, synced_uct)
 
     synced_mode = CudaGraphMode(min(votes))
@@ -68,6 +70,13 @@ def decide_from_matrix(config: HarnessConfig, table: GraphTable,
     state = DpSyncState((desc.num_tokens,) * len(tokens), synced_uct, eager=False,
                         num_reqs=num_reqs)
     return SyncDecision(desc, state)
+
+
+def opts_out_alone(config: HarnessConfig, batch: RankBatch) -> bool:
+    """ubatch_vote rank-local: a rank with fewer requests than microbatches leaves the split
+    on its own, a value no other rank consults (vLLM PR #50945's review: a deadlock)."""
+    return (config.ubatch_vote is UbatchVote.RANK_LOCAL
+            and batch.num_reqs < config.num_ubatches)
 
 
 def _microbatched(config: HarnessConfig, table: GraphTable, tokens: list[int], reqs: list[int],

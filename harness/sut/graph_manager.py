@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from harness.batch import dummy_query_lens
+from harness.bug_switches import CaptureKey
 from harness.config import CaptureOn, CudaGraphMode, HarnessConfig
 from harness.history.decision import GraphDescriptor
 from harness.model.mini_moe import MiniMoE
@@ -22,6 +23,7 @@ from harness.model.ubatch_slice import UbatchSlice
 from harness.runtime.comm import CollectiveLog
 from harness.sut.graph_table import GraphTable
 from harness.sut.microbatch_runner import MicrobatchRunner
+from harness.sut.slicing import region_bounds
 
 Fingerprint = tuple[tuple[str, tuple[int, ...]], ...]
 
@@ -52,7 +54,21 @@ class GraphManager:
         # A non-default stream for graphs that are not microbatched (vLLM's graph_capture).
         self.graph_stream = streams.new_stream("graph")
         self.whole_step_meta = UbatchMetadata(config.max_num_reqs, streams.device)
+        # Keyed by `store_key`; dispatch looks a graph up by its own descriptor.
         self.captured: dict[GraphDescriptor, CapturedGraph] = {}
+
+    def store_key(self, desc: GraphDescriptor) -> GraphDescriptor:
+        """The key a captured graph is stored under: its descriptor, or (capture_key
+        first-two, vLLM issue #43145) the tokens of its first two microbatches only."""
+        if not desc.microbatched or self.config.capture_key is CaptureKey.TOTAL:
+            return desc
+        first_two = sum(end - start for start, end in region_bounds(
+            desc.num_tokens, desc.num_ubatches)[:2])
+        return replace(desc, num_tokens=first_two)
+
+    def lookup(self, desc: GraphDescriptor) -> CapturedGraph | None:
+        """The graph a step replays for `desc`, looked up by its total token count."""
+        return self.captured.get(desc)
 
     def capture_stream_for(self, desc: GraphDescriptor):
         if not desc.microbatched:
@@ -105,8 +121,8 @@ class GraphManager:
             with self.backend.capture(graph, self.capture_stream_for(desc), pool=self.pool):
                 self.model.forward(mb, self.cache)
             split = (buffers.whole(),)
-        self.captured[desc] = CapturedGraph(desc, graph, buffers, split, self.log.since(start),
-                                            graph.is_empty)
+        self.captured[self.store_key(desc)] = CapturedGraph(
+            desc, graph, buffers, split, self.log.since(start), graph.is_empty)
 
     @contextmanager
     def _on(self, stream) -> Iterator[None]:
@@ -132,7 +148,7 @@ class GraphManager:
     def replay(self, desc: GraphDescriptor, requests, lens) -> tuple[UbatchSlice, ...]:
         """Refresh the graph's buffers in place, prepare the split, replay; returns the
         split prepared for this batch (to compare with the captured one)."""
-        captured = self.captured[desc]
+        captured = self.lookup(desc)
         captured.buffers.fill(requests)
         if desc.microbatched:
             split = self.runner.prepare(captured.buffers, lens).slices
@@ -144,10 +160,10 @@ class GraphManager:
             self.model.reserve(i, sl.num_tokens)
         return split
 
-    def graph_bytes(self, desc: GraphDescriptor) -> int:
-        """Memory a graph holds for its persistent step buffers (what an unreachable twin
-        wastes, besides its pool)."""
-        b = self.captured[desc].buffers
+    def graph_bytes(self, key: GraphDescriptor) -> int:
+        """Memory a graph (stored under `key`) holds for its persistent step buffers (what an
+        unreachable twin wastes, besides its pool)."""
+        b = self.captured[key].buffers
         tensors = (b.input_ids, b.positions, b.is_padding, b.query_start_loc, b.seq_lens,
                    b.slot_ids, b.output)
         return sum(t.numel() * t.element_size() for t in tensors)

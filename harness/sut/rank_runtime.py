@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
+from harness.bug_switches import EagerSlices
 from harness.config import CudaGraphMode, HarnessConfig
 from harness.faults import Fault, FaultKind, InjectedFault
 from harness.history.records import GraphRecord, StartupRecord, StepRecord, rows_of, span
@@ -82,13 +83,14 @@ class RankRuntime:
 
     def _graph_records(self) -> tuple[GraphRecord, ...]:
         records = []
-        for desc, captured in self.manager.captured.items():
+        for key, captured in self.manager.captured.items():
+            desc = captured.desc
             # A graph that is not split is reached by any batch of its size whose ranks do
             # not all allow microbatching; a twin needs the DP sync to choose it.
             reached = (self.table.reaching_batch_size(desc) if desc.microbatched
                        else desc.num_tokens)
             records.append(GraphRecord(desc.label(), desc.num_ubatches, captured.empty,
-                                       captured.fingerprint, self.manager.graph_bytes(desc),
+                                       captured.fingerprint, self.manager.graph_bytes(key),
                                        reached))
         return tuple(records)
 
@@ -99,6 +101,7 @@ class RankRuntime:
         lens = rank_step.query_lens
         mark = self.log.mark()
         plan, executed, captured_split, replay_split, fingerprint = None, "failed", (), (), ()
+        replayed = None  # the descriptor of the graph whose replay ran
         ran: tuple = ()  # the split the model actually ran (whose comm buffers hold the routes)
         outputs: torch.Tensor = torch.zeros(0)
         error = None
@@ -116,15 +119,18 @@ class RankRuntime:
             if FaultKind.ABORT_RANK in kinds:
                 os.abort()  # the process ends here; its peers wait in the all-to-all
             desc = plan.desc
-            if desc.cg_mode is CudaGraphMode.FULL and desc in self.manager.captured:
-                captured = self.manager.captured[desc]
+            captured = (self.manager.lookup(desc) if desc.cg_mode is CudaGraphMode.FULL
+                        else None)
+            if captured is not None:
+                replayed = captured.desc.label()
                 replay_split = self.manager.replay(desc, requests, lens)
                 captured_split = ran = captured.split
                 fingerprint = self.log.since(mark) + captured.fingerprint
                 outputs = captured.buffers.output[:batch.num_tokens]
                 executed = "replay"
             else:
-                buffers = self._eager_buffers(plan.num_tokens, plan.num_reqs, requests)
+                buffers = self._eager_buffers(plan.num_tokens, self._eager_reqs(plan),
+                                              requests)
                 ran = self.manager.run_eager(desc, buffers, lens or (1,), faults)
                 fingerprint = self.log.since(mark)
                 outputs = buffers.output[:batch.num_tokens]
@@ -139,6 +145,8 @@ class RankRuntime:
             captured_split=tuple(span(s) for s in captured_split),
             replay_split=tuple(span(s) for s in replay_split),
             fingerprint=fingerprint, routes=self._received_routes(ran, error is None),
+            replayed=replayed, ran_split=tuple(span(s) for s in ran),
+            a2a_tokens_per_rank=self.model.capacity // self.config.top_k,
             # A wedged device would block any read; its rows are left out.
             outputs=() if wedged else rows_of(outputs),
             state=() if wedged else rows_of(self.cache.state),
@@ -161,6 +169,14 @@ class RankRuntime:
             return ()
         return tuple(sorted(route for i, sl in enumerate(split)
                             for route in self.model.received_routes(i, sl.num_tokens)))
+
+    def _eager_reqs(self, plan) -> int:
+        """Requests an eager step pads to: the plan's (a NONE descriptor pads none), or with
+        eager_slices graph-padded (vLLM PR #29933) the synced count, as a graph would."""
+        if (self.config.eager_slices is EagerSlices.GRAPH_PADDED and plan.desc.microbatched
+                and plan.state is not None):
+            return max(plan.num_reqs, plan.state.num_reqs)
+        return plan.num_reqs
 
     def _eager_buffers(self, num_tokens: int, num_reqs: int,
                        requests: Sequence[RequestSpec]) -> StepBuffers:

@@ -1,0 +1,39 @@
+"""Config switches that plant bugs of vLLM's history in the harness's own system under test
+(docs/spec.md §7.12-7.15); each default is the reference behaviour."""
+
+from __future__ import annotations
+
+import enum
+
+
+class CaptureKey(enum.Enum):
+    """Under which token count a microbatched graph is stored (vLLM issue #43145)."""
+
+    TOTAL = "total"  # the sum of every microbatch: the key dispatch looks it up by
+    FIRST_TWO = "first-two"  # vLLM V1's bug: the first two microbatches only (k >= 3 misses)
+
+
+class EagerSlices(enum.Enum):
+    """Which microbatch slices a step that replays no FULL graph runs (vLLM PR #29933)."""
+
+    OWN = "own"  # the rank's own requests over the plan's padded tokens: the reference
+    GRAPH_PADDED = "graph-padded"  # the bug: requests padded as a graph's, to the synced count
+
+
+class A2ABuffers(enum.Enum):
+    """What the expert all-to-all buffers are sized for (docs/spec.md §5.4)."""
+
+    MAX_TOKENS = "max-tokens"  # max_num_batched_tokens per rank, equal on every rank: reference
+    # Sized from the microbatch's own unpadded token count, so ranks whose real tokens differ
+    # exchange different sizes (gloo aborts the receiving process).
+    UNPADDED = "unpadded"
+    # vLLM issue #52176: one microbatch of the largest batch (about half), too small for a
+    # step that falls back out of microbatching.
+    MICROBATCH = "microbatch"
+
+
+class UbatchVote(enum.Enum):
+    """What a rank's microbatching decision may read (the review of vLLM PR #50945)."""
+
+    SYNCED = "synced"  # the gathered matrix alone: every rank decides the same
+    RANK_LOCAL = "rank-local"  # the slip: a rank also opts out on its own request count
