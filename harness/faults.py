@@ -13,9 +13,10 @@ class FaultKind(enum.Enum):
     RETURN_WITHOUT_YIELDING = "return_without_yielding"  # the microbatch skips its MoE layer
     SKIP_SYNC = "skip_sync"  # the rank skips the DP sync all-reduce
     SLOW_RANK = "slow_rank"  # the rank sleeps `seconds` before the step
-    KILL_RANK = "kill_rank"  # the rank's process is killed mid-step (torchrun world only)
+    # The rank's process is killed mid-step (torchrun world, or the sim world's sandbox).
+    KILL_RANK = "kill_rank"
     # The rank's process aborts after the DP sync, as a native library's failed check does
-    # (SIGABRT; torchrun world only).
+    # (SIGABRT; torchrun world, or the sim world's sandbox, where every rank's process ends).
     ABORT_RANK = "abort_rank"
 
 

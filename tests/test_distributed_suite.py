@@ -81,8 +81,6 @@ def graph_of(config, tokens: int) -> int:
 def test_the_fuzzer_finds_each_planted_bug_from_nothing_and_shrinks_it(
         request, fuzz_world, tmp_path, name):
     variant = VARIANTS[name]
-    if request.config.getoption("--world") == "sim" and variant.torchrun_only:
-        pytest.skip(f"{name} runs on the torchrun world only: {variant.torchrun_only}")
     outcome = fuzz(variant, fuzz_world.run, world=request.config.getoption("--world"),
                    dp_sizes=(fuzz_world.nproc,), budget=DETECTION_BUDGET, database=None,
                    scenario_dir=tmp_path, seed=0)

@@ -12,15 +12,12 @@ import pytest
 from harness.check.judge import judge
 from harness.cli import EXIT_BAD_INPUT, EXIT_FOUND, EXIT_OK, main
 from harness.errors import ConfigError
-from harness.fuzz.variants import VARIANTS
 from harness.scenario import load_scenario, scenario_from_dict
 from harness.timeouts import Timeouts
 from harness.world.pool import WorldPool
 from harness.world.sim import SimWorld
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
-# Scenarios whose variant the sim world cannot tear down after (harness/fuzz/variants.py).
-TORCHRUN_ONLY = {name for name, v in VARIANTS.items() if v.torchrun_only}
 FAST = Timeouts(collective_s=2.0, hang_s=4.0, step_deadline_s=15.0)
 SMALL = {"capture_sizes": [16, 32], "max_num_reqs": 32, "max_num_batched_tokens": 64,
          "decode_threshold": 8, "prefill_threshold": 16}
@@ -135,8 +132,6 @@ def sandboxed():
 def test_each_regression_scenario_is_caught_by_its_checker_and_clean_in_the_reference(
         sandboxed, path):
     scenario = load_scenario(path)
-    if path.stem in TORCHRUN_ONLY:
-        pytest.skip(f"{path.stem} runs on the torchrun world only (test_distributed_suite)")
     assert scenario.caught_by and scenario.reference_changes
     buggy = judge(sandboxed.run(scenario))
     assert scenario.caught_by in [v.checker for _, v in buggy.failed_verdicts()]

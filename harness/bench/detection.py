@@ -41,8 +41,7 @@ def detection_rows(world: str, seeds: list[int], budget_s: float,
     rows = []
     with WorldPool(world, "gloo", FUZZ_TIMEOUTS, nproc) as pool:
         for name, variant in VARIANTS.items():
-            if variant.is_reference or (names is not None and name not in names) \
-                    or (world == "sim" and variant.torchrun_only):
+            if variant.is_reference or (names is not None and name not in names):
                 continue
             seconds, examples = [], []
             for seed in seeds:

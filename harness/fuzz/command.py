@@ -90,12 +90,8 @@ def add_fuzz_command(sub) -> argparse.ArgumentParser:
 def chosen_variants(args: argparse.Namespace) -> list[Variant]:
     if args.sut == "harness":
         if args.variant != "all":
-            variant = variant_named(args.variant)
-            if args.world == "sim" and variant.torchrun_only:
-                raise ConfigError("world", f"--variant {variant.name} needs --world torchrun "
-                                  f"for now: {variant.torchrun_only}")
-            return [variant]
-        return [v for v in VARIANTS.values() if v not in left_out(args)]
+            return [variant_named(args.variant)]
+        return list(VARIANTS.values())
     if args.variant != "reference":
         raise ConfigError("variant", f"--sut {args.sut} fuzzes that system as it is; "
                           "variants plant bugs in the harness's own code")
@@ -184,13 +180,6 @@ def _world_flags(args: argparse.Namespace) -> str:
     return f"{flags} --device {args.device}".strip() if args.device else flags
 
 
-def left_out(args: argparse.Namespace) -> list[Variant]:
-    """Variants `--variant all` skips on this world (the sim world cannot run them yet)."""
-    if args.sut != "harness" or args.variant != "all" or args.world != "sim":
-        return []
-    return [v for v in VARIANTS.values() if v.torchrun_only]
-
-
 def cmd_fuzz(args: argparse.Namespace) -> int:
     vllm = vllm_fields(args)  # first: a checkout may be what makes vllm import
     variants = chosen_variants(args)
@@ -200,9 +189,6 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         print(tested_vllm(HarnessConfig(**vllm)), flush=True)
     budget = budget_from_args(args)
     check_search_flags(args)
-    for variant in left_out(args):
-        print(f"note: {variant.name} is left out on the sim world (--world torchrun runs it): "
-              f"{variant.torchrun_only}", file=sys.stderr)
     timeouts = timeouts_from_args(args)
     nproc = args.nproc if args.nproc is not None else (None if args.world == "sim" else 2)
     dp_sizes = (nproc,) if nproc is not None else SIM_DP_SIZES

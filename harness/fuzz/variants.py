@@ -28,8 +28,6 @@ class Variant:
     fault_every: int = 1  # about one scenario in this many carries a fault
     # Fields drawn per example rather than fixed (their strategies).
     drawn: tuple[tuple[str, st.SearchStrategy], ...] = field(default=(), compare=False)
-    # Why the sim world cannot run it yet (its ranks share one process); empty: it can.
-    torchrun_only: str = ""
 
     @property
     def is_reference(self) -> bool:
@@ -91,12 +89,7 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
             "take one microbatch of the largest batch, so a step that does not split runs "
             "a batch larger than the buffers",
             changes=(("a2a_buffers", "microbatch"),), undo=(("a2a_buffers", "max-tokens"),),
-            caught_by=("dispatch_capacity", "startup", "errors"),
-            # One rank refuses its dispatch while its peer's all-to-all is in flight; tearing
-            # the sim world's in-process gloo groups down after that blocks in gloo.
-            torchrun_only="a rank refuses its dispatch while its peer's gloo all-to-all is in "
-                          "flight, and the sim world's in-process groups then cannot be torn "
-                          "down (its ranks need processes of their own)"),
+            caught_by=("dispatch_capacity", "startup", "errors")),
     Variant("rank-local-ubatch-opt-out", "a rank with fewer requests than microbatches leaves "
             "the split on its own, a value no other rank consults; its peers wait in "
             "all-to-alls it never joins (vLLM PR #50945's review)",

@@ -207,6 +207,8 @@ class SandboxedSimWorld:
             elif message[0] == "step":
                 steps.append(message[2])
             elif message[0] == "done":
+                if message[1]:  # the runner retires after a failure: reap it, fork anew
+                    self._end_runner()
                 return ScenarioHistory(scenario, t, tuple(startup), tuple(steps))
             elif message[0] == "raised":
                 raise SandboxError(f"the sim world raised in its process:\n{message[1]}")

@@ -80,7 +80,9 @@ def run_runner(fd: int, nproc: int, timeouts: Timeouts, trace_dir: Path) -> None
         except Exception:  # noqa: BLE001 - the driver raises it with this traceback
             channel.send(("raised", traceback.format_exc()))
             continue
-        channel.send(("done",))
+        channel.send(("done", world.retired))
+        if world.retired:
+            os._exit(0)  # the driver forks a fresh runner for the next scenario
 
 
 def _recv_fd(sock: socket.socket) -> int:

@@ -52,6 +52,7 @@ class SimWorld:
         self.max_cached_configs = max_cached_configs
         self.trace_dir = trace_dir
         self.own_process = own_process
+        self.retired = False  # with own_process: a failure left groups no one may tear down
         self.builds = 0  # thread worlds built so far (one more after every failure)
         self._threads: ThreadWorld | None = None
         self._runtimes: OrderedDict[HarnessConfig, tuple[list[RankRuntime],
@@ -106,7 +107,12 @@ class SimWorld:
             steps = run_steps(scenario, every_rank, lambda records: not step_failed(records))
             healthy = not (steps and step_failed(steps[-1]))
         if not healthy:
-            self._discard()
+            if self.own_process:
+                # Tearing down gloo groups a failed step left mid-collective can block in
+                # ~ProcessGroupGloo; the sandbox ends this process instead (a fork is cheap).
+                self.retired = True
+            else:
+                self._discard()
         return ScenarioHistory(scenario, self.timeouts, tuple(startup), tuple(steps))
 
     def close(self) -> list[int]:
