@@ -19,7 +19,7 @@ endif
 FUZZ_SECONDS ?= 60
 FUZZ_LOG ?= .harness/fuzz-log.jsonl
 
-.PHONY: env test test-dp test-vllm test-gpu fuzz report bench bench-gpu lint clean
+.PHONY: env redis test test-dp test-vllm test-gpu fuzz fuzz-campaign report bench bench-gpu lint clean
 
 env: $(ENV_STAMP)
 
@@ -30,7 +30,14 @@ env: $(ENV_STAMP)
 	.venv/bin/pip install --quiet -e '.[dev]'
 	touch $@
 
-test: $(ENV_STAMP)
+# Debian's redis-server, for fuzz campaigns and their tests, installed where missing (bounded);
+# where it cannot be installed, those tests skip with the reason.
+redis:
+	@command -v redis-server >/dev/null 2>&1 || (timeout 300 apt-get install -y -qq redis-server \
+		|| (timeout 300 apt-get update -qq && timeout 300 apt-get install -y -qq redis-server)) \
+		>/dev/null 2>&1 || echo "redis-server could not be installed here: Redis tests will skip"
+
+test: $(ENV_STAMP) redis
 	$(PYTHON) -m pytest -q -n $(PYTEST_WORKERS) -m "not slow and not gpu" tests
 
 # The distributed suite on an NPROC-rank torchrun world: every regression scenario, a
@@ -65,6 +72,17 @@ fuzz: $(ENV_STAMP)
 	$(PYTHON) -m harness fuzz --variant all --world torchrun --nproc $(NPROC) \
 		--seconds $(FUZZ_SECONDS) --no-database --log $(FUZZ_LOG); \
 	status=$$?; $(PYTHON) -m harness report --log $(FUZZ_LOG) --out report; exit $$status
+
+# JOBS fuzz processes with different seeds sharing one example database: REDIS=redis://host:port/db
+# when given, else a Redis server started on a free loopback port for the campaign and stopped
+# after; a failure one job finds is replayed by the others. Their logs merge into one report/.
+JOBS ?= 2
+REDIS ?=
+CAMPAIGN_FLAGS ?= --variant all --world torchrun --nproc $(NPROC) --seconds $(FUZZ_SECONDS)
+fuzz-campaign: $(ENV_STAMP) redis
+	rm -f $(FUZZ_LOG)
+	$(PYTHON) -m harness.campaign --jobs $(JOBS) $(if $(REDIS),--database $(REDIS)) \
+		--log $(FUZZ_LOG) --out report $(CAMPAIGN_FLAGS)
 
 report: $(ENV_STAMP)
 	$(PYTHON) -m harness report --log $(FUZZ_LOG) --out report

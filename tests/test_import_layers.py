@@ -22,7 +22,9 @@ LAYERS = (
     "world",  # where ranks live; hands back history
     "gpu",  # the single-rank GPU world
     "check",  # the judge: checkers over history, nothing of processes
-    "cli_config", "fuzz", "report", "bench", "cli", "__main__",
+    "cli_config", "fuzz", "report", "bench", "cli",
+    "campaign",  # fuzz jobs sharing a database, a local Redis server, the merged report
+    "__main__",
 )
 
 
