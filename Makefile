@@ -42,9 +42,21 @@ test: $(ENV_STAMP) redis
 
 # The distributed suite on an NPROC-rank torchrun world: every regression scenario, a
 # Hypothesis pass over DP skew, the fault tests; ends with a table of every scenario run.
+# NNODES=N: one DP world of N x NPROC ranks over N torchrun agents (c10d rendezvous at RDZV,
+# host:port; without RDZV every node runs here on loopback). NODE_RANK=0 runs the suite (the
+# driver); NODE_RANK>0 runs that node's agent only. Nodes share DBO_HARNESS_CONTROL_KEY.
+NNODES ?= 1
+NODE_RANK ?= 0
+RDZV ?=
 test-dp: $(ENV_STAMP)
+ifneq ($(NODE_RANK),0)
+	$(PYTHON) -m harness.world.node --nnodes $(NNODES) --node-rank $(NODE_RANK) \
+		--rdzv-endpoint $(RDZV) --nproc $(NPROC)
+else
 	$(PYTHON) -m pytest -q -m dist --world torchrun --nproc $(NPROC) --backend $(BACKEND) \
-		$(if $(DEVICE),--device $(DEVICE)) tests
+		$(if $(DEVICE),--device $(DEVICE)) $(if $(filter-out 1,$(NNODES)),--nnodes $(NNODES) \
+		$(if $(RDZV),--rdzv-endpoint $(RDZV))) tests
+endif
 
 # The GPU suite: real CUDA graphs and NCCL on the single-rank GPU world (one H200 is enough),
 # with what the GPU machine has installed; every test skips with a reason where no GPU is.

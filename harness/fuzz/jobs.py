@@ -40,7 +40,8 @@ class JobResult:
     code: int | None  # None: ended by the parent's bound
     outcomes: tuple[dict[str, Any], ...]
     log: Path
-    error: str  # the job's last line on stderr when it failed
+    error: str  # the job's last line on stderr
+    stderr: Path  # all of it, kept beside the log when the job failed
     leftover: tuple[int, ...]  # pids of its session that outlived it (then killed)
 
 
@@ -67,13 +68,14 @@ def job_arguments(args: argparse.Namespace, seed: int, log: Path) -> dict[str, A
 def run_jobs(args: argparse.Namespace, variants: list[str], budget: Budget) -> int:
     seeds = job_seeds(args.hypothesis_seed, args.jobs)
     with tempfile.TemporaryDirectory(prefix="harness-jobs-") as tmp:
-        results = _run_all(args, seeds, Path(tmp), jobs_bound_s(budget, len(variants)))
+        results = _run_all(args, seeds, Path(tmp), jobs_bound_s(budget, len(variants)),
+                           len(variants))
         merge_logs([r.log for r in results], Path(args.log))
     return report_jobs(results, variants, args.database, args.json)
 
 
 def _run_all(args: argparse.Namespace, seeds: tuple[int, ...], tmp: Path,
-             bound_s: float) -> list[JobResult]:
+             bound_s: float, variants: int) -> list[JobResult]:
     env = {**os.environ, "PYTHONPATH": _with_package_root(os.environ.get("PYTHONPATH"))}
     started = []
     for index, seed in enumerate(seeds, 1):
@@ -92,8 +94,12 @@ def _run_all(args: argparse.Namespace, seeds: tuple[int, ...], tmp: Path,
         leftover = _end_session(proc.pid)
         out.close()
         err.close()
-        results.append(JobResult(index, seed, code, _outcomes(tmp / f"job-{index}.out"), log,
-                                 _last_line(tmp / f"job-{index}.err"), leftover))
+        kept = Path(args.log).with_name(f"{Path(args.log).name}.job{index}.err")
+        result = JobResult(index, seed, code, _outcomes(tmp / f"job-{index}.out"), log,
+                           _last_line(tmp / f"job-{index}.err"), kept, leftover)
+        if job_failure(result, variants):
+            kept.write_text((tmp / f"job-{index}.err").read_text(errors="replace"))
+        results.append(result)
     return results
 
 
@@ -173,7 +179,8 @@ def job_failure(result: JobResult, variants: int) -> str | None:
         return f"job {result.index}: processes of its world outlived it: {list(result.leftover)}"
     if result.code not in (0, 1) or len(result.outcomes) != variants:
         return f"job {result.index} (seed {result.seed}) ended with exit code {result.code}" \
-               f" after {len(result.outcomes)} of {variants} variants: {result.error}"
+               f" after {len(result.outcomes)} of {variants} variants: {result.error} (its " \
+               f"stderr: {result.stderr})"
     return None
 
 
