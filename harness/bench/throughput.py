@@ -109,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--detection-budget", type=float, default=60.0, metavar="S")
     parser.add_argument("--worlds", default="sim,torchrun",
                         help="worlds to time detection on")
+    parser.add_argument("--dp4-examples", type=int, default=200,
+                        help="examples through each DP 4 layout (0: skip those rows)")
     args = parser.parse_args(argv)
 
     examples = decode_examples(args.examples)
@@ -124,6 +126,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{row.note}")
     for name, value in extra.items():
         print(f"{name}: {value:.2f}")
+    if args.dp4_examples:
+        from harness.bench.multinode import dp4_rows, print_dp4
+
+        print_dp4(dp4_rows(args.dp4_examples))
     seeds = random_seeds(args.detection_seeds)
     print(f"\ntime to detection from an empty example database, seeds {seeds}:")
     rows = [row for world in args.worlds.split(",")
