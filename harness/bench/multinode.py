@@ -81,3 +81,9 @@ def print_dp4(rows: list[LayoutRow]) -> None:
     for r in rows:
         print(f"      {r.layout:30} {r.startup_s:8.1f} {r.examples:>8} {r.per_second:10.1f} "
               f"{r.channel_ms:10.2f} {r.step_ms:8.2f}")
+
+
+if __name__ == "__main__":
+    import sys
+
+    print_dp4(dp4_rows(int(sys.argv[1]) if len(sys.argv) > 1 else 200))
