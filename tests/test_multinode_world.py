@@ -74,7 +74,9 @@ def _gone_within(pids, seconds: float) -> list[int]:
 
 
 @pytest.fixture
-def two_nodes():
+def two_nodes(request):
+    if request.config.getoption("--nnodes") < 2:
+        pytest.skip("two torchrun agents on loopback: run under make test-dp NNODES=2")
     from harness.world.loopback import LoopbackMultiNodeWorld
 
     world = LoopbackMultiNodeWorld(2, 2, TIMEOUTS)
