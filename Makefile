@@ -19,7 +19,7 @@ endif
 FUZZ_SECONDS ?= 60
 FUZZ_LOG ?= .harness/fuzz-log.jsonl
 
-.PHONY: env test test-dp test-vllm test-gpu fuzz report bench bench-gpu lint clean
+.PHONY: env redis test test-dp test-vllm test-gpu fuzz fuzz-campaign report bench bench-gpu lint clean
 
 env: $(ENV_STAMP)
 
@@ -30,14 +30,33 @@ env: $(ENV_STAMP)
 	.venv/bin/pip install --quiet -e '.[dev]'
 	touch $@
 
-test: $(ENV_STAMP)
+# Debian's redis-server, for fuzz campaigns and their tests, installed where missing (bounded);
+# where it cannot be installed, those tests skip with the reason.
+redis:
+	@command -v redis-server >/dev/null 2>&1 || (timeout 300 apt-get install -y -qq redis-server \
+		|| (timeout 300 apt-get update -qq && timeout 300 apt-get install -y -qq redis-server)) \
+		>/dev/null 2>&1 || echo "redis-server could not be installed here: Redis tests will skip"
+
+test: $(ENV_STAMP) redis
 	$(PYTHON) -m pytest -q -n $(PYTEST_WORKERS) -m "not slow and not gpu" tests
 
 # The distributed suite on an NPROC-rank torchrun world: every regression scenario, a
 # Hypothesis pass over DP skew, the fault tests; ends with a table of every scenario run.
+# NNODES=N: one DP world of N x NPROC ranks over N torchrun agents (c10d rendezvous at RDZV,
+# host:port; without RDZV every node runs here on loopback). NODE_RANK=0 runs the suite (the
+# driver); NODE_RANK>0 runs that node's agent only. Nodes share DBO_HARNESS_CONTROL_KEY.
+NNODES ?= 1
+NODE_RANK ?= 0
+RDZV ?=
 test-dp: $(ENV_STAMP)
+ifneq ($(NODE_RANK),0)
+	$(PYTHON) -m harness.world.node --nnodes $(NNODES) --node-rank $(NODE_RANK) \
+		--rdzv-endpoint $(RDZV) --nproc $(NPROC)
+else
 	$(PYTHON) -m pytest -q -m dist --world torchrun --nproc $(NPROC) --backend $(BACKEND) \
-		$(if $(DEVICE),--device $(DEVICE)) tests
+		$(if $(DEVICE),--device $(DEVICE)) $(if $(filter-out 1,$(NNODES)),--nnodes $(NNODES) \
+		$(if $(RDZV),--rdzv-endpoint $(RDZV))) tests
+endif
 
 # The GPU suite: real CUDA graphs and NCCL on the single-rank GPU world (one H200 is enough),
 # with what the GPU machine has installed; every test skips with a reason where no GPU is.
@@ -66,6 +85,17 @@ fuzz: $(ENV_STAMP)
 	$(PYTHON) -m harness fuzz --variant all --world torchrun --nproc $(NPROC) \
 		--seconds $(FUZZ_SECONDS) --no-database --log $(FUZZ_LOG); \
 	status=$$?; $(PYTHON) -m harness report --log $(FUZZ_LOG) --out report; exit $$status
+
+# JOBS fuzz processes with different seeds sharing one example database: REDIS=redis://host:port/db
+# when given, else a Redis server started on a free loopback port for the campaign and stopped
+# after; a failure one job finds is replayed by the others. Their logs merge into one report/.
+JOBS ?= 2
+REDIS ?=
+CAMPAIGN_FLAGS ?= --variant all --world torchrun --nproc $(NPROC) --seconds $(FUZZ_SECONDS)
+fuzz-campaign: $(ENV_STAMP) redis
+	rm -f $(FUZZ_LOG)
+	$(PYTHON) -m harness.campaign --jobs $(JOBS) $(if $(REDIS),--database $(REDIS)) \
+		--log $(FUZZ_LOG) --out report $(CAMPAIGN_FLAGS)
 
 report: $(ENV_STAMP)
 	$(PYTHON) -m harness report --log $(FUZZ_LOG) --out report

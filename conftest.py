@@ -27,6 +27,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="sim: thread ranks in this process; torchrun: rank processes")
     group.addoption("--backend", choices=BACKENDS, default="gloo", help=BACKEND_HELP)
     group.addoption("--device", choices=DEVICES, default=None, help=DEVICE_HELP)
+    group.addoption("--nnodes", type=int, default=1,
+                    help="torchrun world over this many nodes of --nproc ranks each (c10d "
+                    "rendezvous); without --rdzv-endpoint every node runs here on loopback")
+    group.addoption("--node-rank", type=int, default=0, help="this node's rank (0: the driver)")
+    group.addoption("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+                    help="the rendezvous of a multi-node world that spans machines")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -34,6 +40,25 @@ def pytest_configure(config: pytest.Config) -> None:
     if nproc < 2:
         raise pytest.UsageError(f"--nproc: {nproc} ranks; a DP world needs at least 2")
     config.stash[_WORLD_LINE] = _asked_world_can_run(config)
+    if config.getoption("--nnodes") > 1:
+        _multi_node_can_run(config)
+
+
+def _multi_node_can_run(config: pytest.Config) -> None:
+    from harness.world.nodes import node_spec
+
+    if config.getoption("--world") != "torchrun":
+        raise pytest.UsageError("--nnodes: a multi-node world is a torchrun world; add "
+                                "--world torchrun")
+    endpoint = config.getoption("--rdzv-endpoint")
+    try:
+        node_spec(config.getoption("--nnodes"), config.getoption("--node-rank"),
+                  endpoint or "127.0.0.1:1")
+    except ConfigError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if config.getoption("--node-rank") != 0:
+        raise pytest.UsageError("--node-rank: the driver (pytest) runs on node 0; other nodes "
+                                "run `python -m harness.world.node`")
 
 
 _WORLD_LINE = pytest.StashKey[str]()  # how the asked-for world runs, for pytest's header
@@ -65,7 +90,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 @pytest.fixture(scope="session")
 def nproc(request: pytest.FixtureRequest) -> int:
-    return request.config.getoption("--nproc")
+    """The DP size: --nproc ranks on each of --nnodes nodes."""
+    return request.config.getoption("--nproc") * request.config.getoption("--nnodes")
 
 
 class _SummarisedWorld:
@@ -101,10 +127,52 @@ class _SummarisedWorld:
 def _session_world(request: pytest.FixtureRequest, nproc: int, timeouts):
     from harness.world import open_world
 
+    if request.config.getoption("--nnodes") > 1:
+        return _multi_node_world(request.config, timeouts)
     # What cannot run here ended the session in pytest_configure, before any test.
     return open_world(request.config.getoption("--world"), nproc,
                       request.config.getoption("--backend"), timeouts,
                       request.config.getoption("--device"))
+
+
+_MULTI_NODE = pytest.StashKey[object]()
+
+
+class _WithTimeouts:
+    """The session's one multi-node world (its nodes serve one world at a time), run with
+    the bounds of the fixture that asked for it."""
+
+    def __init__(self, world, timeouts) -> None:
+        self.world, self.timeouts = world, timeouts
+        self.nproc, self.graphs = world.nproc, world.graphs
+
+    def run(self, scenario):
+        self.world.timeouts = self.timeouts
+        return self.world.run(scenario)
+
+    def close(self) -> list[int]:
+        return self.world.close()
+
+
+def _multi_node_world(config: pytest.Config, timeouts):
+    if _MULTI_NODE not in config.stash:
+        config.stash[_MULTI_NODE] = _new_multi_node_world(config, timeouts)
+    return _WithTimeouts(config.stash[_MULTI_NODE], timeouts)
+
+
+def _new_multi_node_world(config: pytest.Config, timeouts):
+    """Every node on loopback when no rendezvous is given (the test starts the other
+    agents), else this node's agent joining the others at --rdzv-endpoint."""
+    nnodes, per_node = config.getoption("--nnodes"), config.getoption("--nproc")
+    endpoint = config.getoption("--rdzv-endpoint")
+    if endpoint is None:
+        from harness.world.loopback import LoopbackMultiNodeWorld
+
+        return LoopbackMultiNodeWorld(nnodes, per_node, timeouts)
+    from harness.world.multinode import MultiNodeWorld
+    from harness.world.nodes import node_spec
+
+    return MultiNodeWorld(node_spec(nnodes, 0, endpoint), per_node, "gloo", timeouts)
 
 
 @pytest.fixture(scope="session")

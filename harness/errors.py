@@ -19,6 +19,7 @@ class ErrorOrigin(enum.Enum):
     KILLED = "killed"  # the rank's process was killed by an injected fault
     LOST = "lost"  # the rank's process vanished (ended by torchrun after a peer died)
     CRASHED = "crashed"  # the rank's process died of a fatal signal of its own (abort, segfault)
+    NODE_LOST = "node-lost"  # the rank's node died (its torchrun agent or the machine)
     TIMEOUT = "timeout"  # a bounded wait on a peer ran out (a collective, the device)
     HANG = "hang"  # a microbatch or a rank never got its turn back within its deadline
     ABORTED = "aborted"  # a microbatch stopped because its sibling failed

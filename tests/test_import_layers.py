@@ -24,7 +24,9 @@ LAYERS = (
     "world",  # where ranks live; hands back history
     "gpu",  # the single-rank GPU world
     "check",  # the judge: checkers over history, nothing of processes
-    "cli_config", "cli_vllm", "fuzz", "report", "bench", "cli", "__main__",
+    "cli_config", "cli_vllm", "fuzz", "report", "bench", "cli",
+    "campaign",  # fuzz jobs sharing a database, a local Redis server, the merged report
+    "__main__",
 )
 
 

@@ -150,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="throughput of the sim world only (in process and sandboxed)")
     parser.add_argument("--detection-only", action="store_true",
                         help="only the table of time to detection")
+    parser.add_argument("--dp4-examples", type=int, default=200,
+                        help="examples through each DP 4 layout (0: skip those rows)")
     args = parser.parse_args(argv)
 
     examples = decode_examples(args.examples)
@@ -158,6 +160,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.detection_only:
         print_throughput(examples, args.spawned)
+        if args.dp4_examples:
+            from harness.bench.multinode import dp4_rows, print_dp4
+
+            print_dp4(dp4_rows(args.dp4_examples))
     names = tuple(args.variants.split(",")) if args.variants else None
     seeds = random_seeds(args.detection_seeds)
     print(f"\ntime to detection from an empty example database, seeds {seeds}:")

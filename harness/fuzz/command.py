@@ -29,6 +29,7 @@ from harness.cli_vllm import (
 )
 from harness.config import HarnessConfig, check_seconds, ubatching_fields
 from harness.errors import ConfigError
+from harness.fuzz.database import is_url, open_database
 from harness.fuzz.engine import FUZZ_TIMEOUTS, SIM_DP_SIZES, Budget, FuzzOutcome, fuzz
 from harness.fuzz.profiles import PROFILES, profile_from_environment
 from harness.fuzz.progress import ProgressBar
@@ -45,6 +46,7 @@ from harness.world.pool import WorldPool
 
 DEFAULT_SECONDS = 60.0
 DEFAULT_DATABASE = ".hypothesis/fuzz"
+MAX_JOBS = 64  # processes on one machine; more machines each run their own
 
 
 def add_fuzz_command(sub) -> argparse.ArgumentParser:
@@ -70,8 +72,12 @@ def add_fuzz_command(sub) -> argparse.ArgumentParser:
     fz.add_argument("--profile", choices=PROFILES, default=None,
                     help="Hypothesis profile (default: $HYPOTHESIS_PROFILE, else dev)")
     fz.add_argument("--hypothesis-seed", type=int, metavar="N", help="seed the search")
-    fz.add_argument("--database", default=DEFAULT_DATABASE, metavar="DIR",
-                    help="example database: failures found before are replayed first")
+    fz.add_argument("--database", default=DEFAULT_DATABASE, metavar="DIR|URL",
+                    help="example database, a directory or redis://host:port/db shared by "
+                    "several processes: failures found before are replayed first")
+    fz.add_argument("--jobs", type=int, default=1, metavar="N",
+                    help="run N fuzz processes (seeds --hypothesis-seed + 0..N-1) sharing "
+                    "the database: a failure one finds is replayed by the others")
     fz.add_argument("--no-database", action="store_true", help="start from nothing")
     fz.add_argument("--log", default=DEFAULT_LOG, metavar="FILE",
                     help="run log (JSON lines) for `python -m harness report`")
@@ -154,8 +160,13 @@ def check_search_flags(args: argparse.Namespace) -> None:
     if args.no_database:
         if args.database != DEFAULT_DATABASE:
             raise ConfigError("database", "contradicts --no-database; give one of them")
-    else:
+    elif not is_url(args.database):
         output_dir("database", args.database)
+    if not 1 <= args.jobs <= MAX_JOBS:
+        raise ConfigError("jobs", f"must be 1 to {MAX_JOBS} processes, got {args.jobs}")
+    if args.jobs > 1 and args.no_database:
+        raise ConfigError("jobs", "jobs share failures through the database; --no-database "
+                          "leaves them nothing to share")
     if args.hypothesis_seed is not None and args.hypothesis_seed < 0:
         # Python's Random ignores the sign: -N would repeat the search of N.
         raise ConfigError("hypothesis_seed", f"must be non-negative, got "
@@ -190,6 +201,11 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     budget = budget_from_args(args)
     check_search_flags(args)
     timeouts = timeouts_from_args(args)
+    database = None if args.no_database else open_database(args.database)
+    if args.jobs != 1:
+        from harness.fuzz.jobs import run_jobs
+
+        return run_jobs(args, [v.name for v in variants], budget)
     nproc = args.nproc if args.nproc is not None else (None if args.world == "sim" else 2)
     dp_sizes = (nproc,) if nproc is not None else SIM_DP_SIZES
     profile = args.profile or profile_from_environment()
@@ -201,7 +217,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             try:
                 outcome = fuzz(variant, pool.run, world=args.world, dp_sizes=dp_sizes,
                                fixed=fixed, budget=budget, profile=profile,
-                               database=None if args.no_database else args.database,
+                               database=database,
                                log_path=args.log, scenario_dir=args.found_dir,
                                seed=args.hypothesis_seed, progress=bar.update,
                                world_flags=f"{_world_flags(args)} {replay_flags(vllm)}".strip())

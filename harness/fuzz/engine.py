@@ -17,17 +17,18 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings, target
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
-from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis.database import ExampleDatabase
 from hypothesis.errors import Flaky, Unsatisfiable
 from hypothesis.reporting import with_reporter
 
 from harness.check.judge import ScenarioResult, judge
 from harness.fuzz import profiles  # noqa: F401 - registers the profiles by name
+from harness.fuzz.database import SharedFailures, StoppableDatabase, open_database
 from harness.fuzz.reduce import reduce_scenario
 from harness.fuzz.run_log import ExampleEntry, FindingEntry, VerdictEntry, append
 from harness.fuzz.variants import Variant
@@ -79,6 +80,9 @@ class FuzzOutcome:
     blob: str | None
     note: str = ""  # why the search ended
     flaky: tuple[Scenario, ...] = ()  # scenarios that failed once and passed when rerun
+    replayed: int = 0  # failures saved in the database when the search (re)started
+    found_by: str | None = None  # "replay": a saved failure, run before any search; "search"
+    restarts: int = 0  # times a failure another process saved restarted this search
 
     def to_json_dict(self) -> dict[str, Any]:
         return {"found": self.found, "variant": self.variant, "checker": self.checker,
@@ -89,12 +93,19 @@ class FuzzOutcome:
                 "seconds_to_detection": (None if self.seconds_to_detection is None
                                          else round(self.seconds_to_detection, 3)),
                 "replay": self.replay, "blob": self.blob, "world": self.world,
-                "note": self.note, "flaky": [s.to_dict() for s in self.flaky]}
+                "note": self.note, "flaky": [s.to_dict() for s in self.flaky],
+                "replayed": self.replayed, "found_by": self.found_by,
+                "restarts": self.restarts}
 
 
 class _BudgetSpent(BaseException):  # noqa: N818 - a control-flow signal, not an error
     """Ends the search. A BaseException so that Hypothesis does not take it for a failure
     to shrink; it unwinds straight out of the engine."""
+
+
+class _SharedFailure(BaseException):  # noqa: N818 - a control-flow signal, not an error
+    """Another process saved a failure under this search's key: restart the search, whose
+    reuse phase then replays it before anything else."""
 
 
 class _CheckerFailed(Exception):  # noqa: N818 - named for what Hypothesis reports
@@ -131,6 +142,8 @@ class _Search:
     log_path: Path | None
     progress: Callable[[int, float, bool], None] | None
     hunt: tuple[str, ...] | None = None  # only these checkers' failures count
+    shared: SharedFailures | None = None
+    database: StoppableDatabase | None = None
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     start: float = field(default_factory=time.monotonic)
     examples: int = 0
@@ -138,6 +151,19 @@ class _Search:
     results: dict[str, ExampleVerdict] = field(default_factory=dict)
     last_failing: Scenario | None = None
     flaky: list[Scenario] = field(default_factory=list)  # failed once, passed on the rerun
+    saved_at_start: int = 0  # saved failures the current Hypothesis run replays first
+    calls: int = 0  # test-body calls in the current Hypothesis run
+    found_by: str | None = None
+    restarts: int = 0
+    replayed: int = 0
+
+    def begin_run(self) -> None:
+        """A Hypothesis run starts: its reuse phase replays what is saved now."""
+        self.calls = 0
+        if self.database is not None:
+            self.database.muted = False
+        self.saved_at_start = self.shared.look() if self.shared is not None else 0
+        self.replayed += self.saved_at_start
 
     def elapsed(self) -> float:
         return time.monotonic() - self.start
@@ -147,7 +173,9 @@ class _Search:
         if key in self.results:
             return self.results[key]
         if self.found_at is None and self._spent():
-            raise _BudgetSpent
+            self._stop(_BudgetSpent())
+        if self.found_at is None and self.shared is not None and self.shared.arrived():
+            self._stop(_SharedFailure())
         if shrink_bounded and self.found_at is not None and \
                 self.elapsed() - self.found_at[1] > self.budget.shrink_seconds:
             return None  # shrinking is over: an unseen candidate counts as no smaller failure
@@ -159,9 +187,16 @@ class _Search:
         self.results[key] = verdict
         if not verdict.ok and self.found_at is None:
             self.found_at = (self.examples, self.elapsed())
+            # The reuse phase runs the saved failures before the search draws anything.
+            self.found_by = "replay" if self.calls <= self.saved_at_start else "search"
         if self.progress is not None:
             self.progress(self.examples, self.elapsed(), self.found_at is not None)
         return verdict
+
+    def _stop(self, signal: BaseException) -> NoReturn:
+        if self.database is not None:
+            self.database.muted = True  # the example that ends the search is no failure
+        raise signal
 
     def _judge(self, scenario: Scenario) -> ExampleVerdict:
         """One world run, logged, reduced to the checker that matters."""
@@ -213,27 +248,33 @@ def database_key(variant: Variant, fixed: Mapping[str, Any], dp_sizes: tuple[int
 
 def fuzz(variant: Variant, run: Callable[[Scenario], ScenarioHistory], *, world: str,
          dp_sizes: tuple[int, ...], fixed: Mapping[str, Any] | None = None,
-         budget: Budget = Budget(), profile: str = "dev", database: str | None = None,
+         budget: Budget = Budget(), profile: str = "dev",
+         database: str | ExampleDatabase | None = None,
          log_path: str | Path | None = None, scenario_dir: str | Path = ".harness/found",
          seed: int | None = None, hunt: tuple[str, ...] | None = None,
          progress: Callable[[int, float, bool], None] | None = None,
          world_flags: str = "") -> FuzzOutcome:
     """Search for a scenario some checker (one of `hunt`, if given) rejects; shrink and
     return it, or report that none was found within the budget. `world_flags` complete the
-    replay command (e.g. `--backend nccl`)."""
+    replay command (e.g. `--backend nccl`). `database` is a directory, a redis:// URL or
+    an open database; failures saved there by any process are replayed first."""
     fixed = dict(fixed or {})
+    key = database_key(variant, fixed, dp_sizes)
+    opened = open_database(database) if isinstance(database, str) else database
+    db = StoppableDatabase(opened) if opened is not None else None
     search = _Search(run, variant, world, budget, Path(log_path) if log_path else None,
-                     progress, hunt)
+                     progress, hunt, SharedFailures(db, key) if db is not None else None, db)
     strategy = scenario_strategy(variant, fixed, dp_sizes)
     phases = [Phase.reuse, Phase.generate, Phase.target, Phase.shrink]
     reports: list[str] = []
 
     @settings(settings.get_profile(profile), max_examples=budget.max_examples,
-              database=DirectoryBasedExampleDatabase(database) if database else None,
+              database=db,
               deadline=None, phases=phases, report_multiple_bugs=False, print_blob=True,
               verbosity=Verbosity.quiet, suppress_health_check=list(HealthCheck))
     @given(st.data())
     def probe(data: st.DataObject) -> None:
+        search.calls += 1
         scenario = data.draw(strategy, label="scenario")
         for label, value in steering(scenario).items():
             target(value, label=label)
@@ -243,31 +284,19 @@ def fuzz(variant: Variant, run: Callable[[Scenario], ScenarioHistory], *, world:
             search.last_failing = scenario
             raise _CheckerFailed(verdict)
 
-    probe.hypothesis.inner_test._hypothesis_internal_database_key = database_key(
-        variant, fixed, dp_sizes)
+    # Read from the @given wrapper, not the inner test: set there, it keeps variants apart.
+    probe._hypothesis_internal_database_key = key
     if seed is not None:
+        # Hypothesis's @seed also turns the database off; a seeded job must still share.
         probe = hypothesis_seed(seed)(probe)
-    failure: _CheckerFailed | None = None
-    note = ""
-    try:
-        with with_reporter(reports.append):
-            probe()
-    except _BudgetSpent:
-        note = "budget spent"
-    except _CheckerFailed as exc:
-        failure = exc
-    except Flaky as exc:
-        # Name what each run raised, not only how many: the note is all a CI log keeps.
-        raised = "; ".join(f"{type(e).__name__}: {e}" for e in getattr(exc, "exceptions", ()))
-        note = f"flaky: a failure did not replay the same way ({exc}{': ' if raised else ''}"\
-               f"{raised})"
-    except Unsatisfiable:
-        note = "no legal scenario: the pinned fields exclude every draw"
+        probe._hypothesis_internal_use_settings = settings(
+            probe._hypothesis_internal_use_settings, database=db)
+    failure, note = _run_until_settled(probe, search, reports)
     seconds = search.elapsed()
     if failure is None:
         return FuzzOutcome(variant.name, world, False, None, "", None, search.examples,
                            seconds, None, None, None, None, note or "examples exhausted",
-                           tuple(search.flaky))
+                           tuple(search.flaky), search.replayed, None, search.restarts)
     minimal = reduce_scenario(search.last_failing, lambda s: search.fails_like(s, failure),
                               dp_sizes, token_seconds=search.budget.shrink_seconds)
     # Saved as a regression scenario: the checker that must catch it, and the undo.
@@ -281,17 +310,45 @@ def fuzz(variant: Variant, run: Callable[[Scenario], ScenarioHistory], *, world:
                           failure.verdict.detail, shrunk, search.examples, seconds,
                           found_examples, found_seconds,
                           replay_command(str(path), world, world_flags),
-                          _blob(failure, reports), note, tuple(search.flaky))
+                          _blob(failure, reports), note, tuple(search.flaky),
+                          search.replayed, search.found_by, search.restarts)
     if search.log_path is not None:
         append(search.log_path, finding_entry(search.run_id, outcome))
     return outcome
+
+
+def _run_until_settled(probe: Callable[[], None], search: _Search,
+                       reports: list[str]) -> tuple[_CheckerFailed | None, str]:
+    """Run the Hypothesis test, again each time another process shares a failure (the
+    memo keeps what was run); returns the failure raised, or why the search ended."""
+    while True:
+        search.begin_run()
+        try:
+            with with_reporter(reports.append):
+                probe()
+            return None, ""
+        except _SharedFailure:
+            search.restarts += 1
+            continue
+        except _BudgetSpent:
+            return None, "budget spent"
+        except _CheckerFailed as exc:
+            return exc, ""
+        except Flaky as exc:
+            # Name what each run raised, not only how many: the note is all a CI log keeps.
+            raised = "; ".join(f"{type(e).__name__}: {e}"
+                               for e in getattr(exc, "exceptions", ()))
+            return None, (f"flaky: a failure did not replay the same way ({exc}"
+                          f"{': ' if raised else ''}{raised})")
+        except Unsatisfiable:
+            return None, "no legal scenario: the pinned fields exclude every draw"
 
 
 def finding_entry(run_id: str, outcome: FuzzOutcome) -> FindingEntry:
     return FindingEntry(run_id, outcome.variant, outcome.world, outcome.found, outcome.checker,
                         outcome.scenario.to_dict() if outcome.scenario else None,
                         outcome.examples, round(outcome.seconds, 3), outcome.replay,
-                        outcome.blob)
+                        outcome.blob, outcome.found_by, outcome.replayed)
 
 
 _BLOB = re.compile(r"@reproduce_failure\([^)]*\)")

@@ -8,7 +8,8 @@ that a log written by an older version still reads.
      "seconds": float}
     {"type": "finding", "run": ..., "variant": ..., "world": ..., "found": bool,
      "checker": ... | null, "scenario": {...} | null, "examples": int, "seconds": float,
-     "replay": ... | null, "blob": ... | null}
+     "replay": ... | null, "blob": ... | null, "found_by": "replay" | "search" | null,
+     "replayed": int}
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ class FindingEntry:
     seconds: float
     replay: str | None
     blob: str | None = None
+    found_by: str | None = None  # "replay" (a failure saved in the database) or "search"
+    replayed: int = 0  # saved failures the search replayed before drawing its own
 
 
 Entry = ExampleEntry | FindingEntry

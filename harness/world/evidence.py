@@ -12,9 +12,12 @@ STACKS_WAIT_S = 1.0  # for every rank to dump its stacks on SIGUSR1
 FATAL_PREFIX = "Fatal Python error: "  # faulthandler's first line on a fatal signal
 
 
-def rank_evidence(headline: str, trace_dir: Path, pids: dict[int, int], nproc: int) -> str:
-    """Stacks of every rank and the tail of its collective trace, under `headline`."""
-    stacks = {rank: trace_dir / f"stacks-{rank}.txt" for rank in range(nproc)}
+def rank_evidence(headline: str, trace_dir: Path, pids: dict[int, int], nproc: int,
+                  ranks: list[int] | None = None) -> str:
+    """Stacks of every rank (of `ranks`, when given: those of one node) and the tail of its
+    collective trace, under `headline`."""
+    ranks = list(range(nproc)) if ranks is None else ranks
+    stacks = {rank: trace_dir / f"stacks-{rank}.txt" for rank in ranks}
     before = {rank: _size(path) for rank, path in stacks.items()}
     asked = []
     for rank, pid in pids.items():
@@ -30,11 +33,11 @@ def rank_evidence(headline: str, trace_dir: Path, pids: dict[int, int], nproc: i
         time.sleep(0.02)
     time.sleep(0.05)  # the last lines of a dump that has begun
     lines = [headline]
-    for rank in range(nproc):
+    for rank in ranks:
         trace = trace_dir / f"collectives-{rank}.txt"
         tail = trace.read_text().splitlines()[-2:] if trace.exists() else []
         lines.append(f"rank {rank} trace tail: {' | '.join(tail) or 'none'}")
-    for rank in range(nproc):
+    for rank in ranks:
         text = stacks[rank].read_text() if stacks[rank].exists() else ""
         lines.append(f"--- rank {rank} stacks ---\n{text.strip() or '(none dumped)'}")
     return "\n".join(lines)

@@ -123,13 +123,28 @@ class TorchrunWorld:
                 raise WorldError(f"only {len(self._channels)} of {self.nproc} workers "
                                  f"connected within {LAUNCH_TIMEOUT_S:.0f} s") from None
             hello = channel.recv(timeout_s=30)
-            _, rank, pid = hello
+            rank, pid = hello[1], hello[2]
             self._channels[rank], self._pids[rank] = channel, pid
+            self._hello(rank, hello[3:])
         for rank, channel in self._channels.items():
             message = channel.recv(timeout_s=max(1.0, deadline - time.monotonic()))
             if message[0] != "ready":
                 raise WorldError(f"rank {rank} failed to join the process group:\n"
                                  f"{message[-1]}")
+
+    def _hello(self, rank: int, rest: tuple) -> None:
+        """What else a worker says of itself (a multi-node world notes its node)."""
+
+    def _end_world(self) -> list[int]:
+        """End the world after a failure; the next run builds a fresh one."""
+        return self.close()
+
+    def _agent_lost(self, rank: int, agent_pid: int) -> StepError:
+        return StepError("RankLost", f"lost its torchrun agent (pid {agent_pid})", None,
+                         ErrorOrigin.LOST)
+
+    def _trace_dir_of(self, rank: int) -> Path | None:
+        return self._dir
 
     def close(self) -> list[int]:
         """Stop the world: ask, then SIGTERM torchrun, then kill what is left. Returns the
@@ -170,7 +185,7 @@ class TorchrunWorld:
             # once every rank still alive has shown where it stands.
             if not evidence:
                 evidence = self._rank_evidence("a rank failed; the world is rebuilt")
-            survivors = self.close()
+            survivors = self._end_world()
             if survivors:
                 evidence += f"\nprocesses still alive after the kill: {survivors}"
         return ScenarioHistory(scenario, self.timeouts, tuple(startup),
@@ -204,7 +219,7 @@ class TorchrunWorld:
                         message = key.fileobj.recv(timeout_s=self.timeouts.collective_s)
                     except (ChannelClosed, TimeoutError):
                         selector.unregister(key.fileobj)
-                        lost[rank] = _lost_error(rank, scenario, self._dir)
+                        lost[rank] = _lost_error(rank, scenario, self._trace_dir_of(rank))
                         self._send_to_all(("next", False))  # the survivors stop after it
                         continue
                     deadline[rank] = time.monotonic() + self.timeouts.step_deadline_s + 5.0
@@ -221,6 +236,10 @@ class TorchrunWorld:
                             self._send_to_all(("next", not step_failed(steps[index])))
                     elif message[0] == "done":
                         done.add(rank)
+                    elif message[0] == "agent-lost":  # multi-node: its node's agent died
+                        selector.unregister(key.fileobj)
+                        lost[rank] = self._agent_lost(rank, message[2])
+                        self._send_to_all(("next", False))
                     elif message[0] == "crash":
                         selector.unregister(key.fileobj)
                         lost[rank] = StepError("RankLost", "crashed", None, ErrorOrigin.LOST)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import threading
 from multiprocessing.connection import Client, Connection
 from typing import Any
 
@@ -27,10 +28,12 @@ class Channel:
 
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
+        self._sending = threading.Lock()  # a worker's watchdog may send its last word too
 
     def send(self, message: Any) -> None:
         try:
-            self.connection.send(message)
+            with self._sending:
+                self.connection.send(message)
         except (OSError, ValueError) as exc:
             raise ChannelClosed(str(exc)) from exc
 

@@ -12,6 +12,7 @@ a fatal signal.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import os
 import signal
@@ -32,6 +33,7 @@ from harness.timeouts import Timeouts
 from harness.world import wire
 from harness.world.collector import collector_paused
 from harness.world.gpus import GpuLayout, shared_gpu_environment, visible_gpus
+from harness.world.nodes import driver_address, peer_closed, worker_node
 
 WATCHDOG_PERIOD_S = 0.5
 ARRIVAL_TIMEOUT_S = 60.0
@@ -47,25 +49,33 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _watch_parents(driver_pid: int) -> None:
-    """Exit at once when the driver or the torchrun agent is gone: never an orphan."""
+def _watch_parents(driver_pid: int | None, channel: wire.Channel | None = None) -> None:
+    """Exit at once when the driver or the torchrun agent is gone: never an orphan. A driver
+    on another node is watched through its control connection instead of its pid."""
     agent = os.getppid()
     while True:
-        if os.getppid() != agent or not _alive(driver_pid):
+        if os.getppid() != agent and channel is not None:
+            # This node's agent died: say so before going, so the driver names the node.
+            with contextlib.suppress(wire.ChannelClosed):
+                channel.send(("agent-lost", int(os.environ["RANK"]), agent))
+            os._exit(3)
+        if os.getppid() != agent or (driver_pid is not None and not _alive(driver_pid)):
+            os._exit(3)
+        if channel is not None and peer_closed(channel.fileno()):
             os._exit(3)
         time.sleep(WATCHDOG_PERIOD_S)
 
 
-def wait_for_every_rank(world_size: int) -> None:
+def wait_for_every_rank(world_size: int, name: str = "harness-arrived") -> None:
     """Every rank arrives before any connects: gloo waits for its peers' addresses only as
     long as the collective timeout, which the fuzzer sets to a second, while workers finish
     importing torch seconds apart on a loaded machine."""
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                           world_size, is_master=False,
                           timeout=timedelta(seconds=ARRIVAL_TIMEOUT_S))
-    store.add("harness-arrived", 1)
+    store.add(name, 1)
     deadline = time.monotonic() + ARRIVAL_TIMEOUT_S
-    while store.add("harness-arrived", 0) < world_size:
+    while store.add(name, 0) < world_size:
         if time.monotonic() > deadline:
             raise TimeoutError(f"not every rank arrived within {ARRIVAL_TIMEOUT_S:.0f} s")
         time.sleep(0.01)
@@ -166,8 +176,11 @@ class Worker:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="harness.world.worker")
-    parser.add_argument("--control", required=True)
-    parser.add_argument("--driver-pid", type=int, required=True)
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--control", help="the driver's HOST:PORT")
+    where.add_argument("--control-store", metavar="HOST:PORT",
+                       help="multi-node: the rendezvous store where the driver publishes it")
+    parser.add_argument("--driver-pid", type=int, help="the driver, on this node")
     parser.add_argument("--trace-dir", required=True)
     parser.add_argument("--backend", default="gloo")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -176,19 +189,27 @@ def main(argv: list[str] | None = None) -> int:
 
     rank = int(os.environ["RANK"])
     trace_dir = Path(args.trace_dir)
-    threading.Thread(target=_watch_parents, args=(args.driver_pid,), daemon=True,
-                     name="parent-watchdog").start()
+    trace_dir.mkdir(parents=True, exist_ok=True)
     stacks = open(trace_dir / f"stacks-{rank}.txt", "w")  # noqa: SIM115 - lives as long as we do
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     # A fatal signal (an abort in a native library, a segfault) leaves its name and the
     # stacks there too, for the driver to name how the rank died.
     faulthandler.enable(file=stacks, all_threads=True)
 
-    host, port = args.control.rsplit(":", 1)
+    arrival = "harness-arrived"
+    if args.control_store is not None:
+        address = driver_address(args.control_store, ARRIVAL_TIMEOUT_S)
+        arrival = f"harness-arrived-{address.launch}"  # one count per world the driver builds
+        host, port = address.host, address.port
+    else:
+        host, port = args.control.rsplit(":", 1)
     channel = wire.connect(host, int(port), wire.key_from_environment())
-    channel.send(("hello", rank, os.getpid()))
+    threading.Thread(target=_watch_parents, daemon=True, name="parent-watchdog",
+                     args=(args.driver_pid, channel if args.driver_pid is None else None)
+                     ).start()
+    channel.send(("hello", rank, os.getpid(), worker_node(trace_dir)))
     try:
-        wait_for_every_rank(int(os.environ["WORLD_SIZE"]))
+        wait_for_every_rank(int(os.environ["WORLD_SIZE"]), arrival)
         device = join_group(args.backend, args.device, args.collective_timeout)
         group = dist.group.WORLD
         channel.send(("ready", rank))
