@@ -243,7 +243,7 @@ GRAPH_BACKENDS = ("emulated", "cuda")
 CHECKERS = ("startup", "capture_hygiene", "graphs_capture_work", "capture_symmetry",
             "graphs_reachable", "liveness", "errors", "agreement", "collective_fingerprints",
             "captured_split", "no_empty_region", "matches_reference", "routing_provenance",
-            "thread_hygiene", "differential", "spec_decision",
+            "thread_hygiene", "differential", "differential_base", "spec_decision",
             # harness/check/execution.py: what each rank ran against its plan
             "executes_plan", "eager_slices", "split_consensus", "dispatch_capacity")
 

@@ -91,10 +91,12 @@ def test_the_fuzzer_finds_each_planted_bug_from_nothing_and_shrinks_it(
     assert len(shrunk.steps) == 1, shrunk.to_json()
     tokens = [len(r.query_lens) for r in shrunk.steps[0]]
     if name.startswith("guard-"):
-        # The minimal case: the smallest rank exactly at the last region start of its graph.
-        k = shrunk.config.num_ubatches
-        assert min(tokens) == last_region_start(graph_of(shrunk.config, max(tokens)), k), \
-            shrunk.to_json()
+        # The minimal case: the fewest tokens the guard lets by (G / 2 for `<`, one more for
+        # `<=`; no fewer than the decode threshold), with the last region still empty.
+        graph, k = graph_of(shrunk.config, max(tokens)), shrunk.config.num_ubatches
+        lowest = -(-graph // 2) if name == "guard-merged" else graph // 2 + 1
+        assert min(tokens) == max(lowest, shrunk.config.decode_threshold), shrunk.to_json()
+        assert min(tokens) <= last_region_start(graph, k)
     if name == "stock-protocol":
         assert [f.kind.value for f in shrunk.faults] == ["raise_in_ubatch"]
     # The saved scenario is a regression scenario: caught as such, clean once undone.

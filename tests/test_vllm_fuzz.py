@@ -39,9 +39,10 @@ def test_the_fuzzer_finds_the_empty_microbatch_guard_of_vllm_and_shrinks_it(tmp_
     shrunk = outcome.scenario
     tokens = [len(r.query_lens) for r in shrunk.steps[-1]]
     graph = next(g for g in shrunk.config.cudagraph_capture_sizes if g >= max(tokens))
-    # Shrunk to the lower edge of what `2 * min < G` lets by: min = ceil(G / 2), which still
-    # leaves the last region empty (min <= its start; both are G / 2 for k = 2).
-    assert min(tokens) == -(-graph // 2), shrunk.to_json()
+    # Shrunk to the fewest tokens `2 * min < G` lets by, ceil(G / 2) (no fewer than the decode
+    # threshold), which still leaves the last region empty (both are G / 2 for k = 2).
+    lowest = max(-(-graph // 2), shrunk.config.decode_threshold)
+    assert min(tokens) == lowest, shrunk.to_json()
     assert min(tokens) <= last_region_start(graph, k)
 
 

@@ -74,9 +74,10 @@ def test_the_inclusive_guard_still_leaves_three_microbatches_empty_shrunk_to_the
     outcome = fuzz_vllm(tmp_path, 3, (INCLUSIVE,))
     assert outcome.found and outcome.checker in GUARD_CHECKERS, outcome.note
     tokens, graph = last_step_tokens_and_graph(outcome)
-    # Shrunk to the smallest count `2 * min <= G` lets by, G // 2 + 1; with k = 3 it is still
-    # at or below the last region's start, so that region is empty.
-    assert min(tokens) == graph // 2 + 1, outcome.scenario.to_json()
+    # Shrunk to the fewest tokens `2 * min <= G` lets by, G // 2 + 1 (no fewer than the decode
+    # threshold); with k = 3 that is still at or below the last region's start: it is empty.
+    threshold = outcome.scenario.config.decode_threshold
+    assert min(tokens) == max(graph // 2 + 1, threshold), outcome.scenario.to_json()
     assert min(tokens) <= last_region_start(graph, 3)
     saved = next(tmp_path.glob("vllm-*.json")).read_text()
     assert INCLUSIVE.sha256 in saved and "diff --git" not in saved
