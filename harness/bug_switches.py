@@ -1,5 +1,5 @@
-"""Config switches that plant bugs of vLLM's history in the harness's own system under test
-(docs/spec.md §7.12-7.15); each default is the reference behaviour."""
+"""Config switches that plant known bugs in the harness's own system under test (docs/spec.md
+§7); the reference behaviour is the default HarnessConfig gives each."""
 
 from __future__ import annotations
 
@@ -37,3 +37,25 @@ class UbatchVote(enum.Enum):
 
     SYNCED = "synced"  # the gathered matrix alone: every rank decides the same
     RANK_LOCAL = "rank-local"  # the slip: a rank also opts out on its own request count
+
+
+class Guard(enum.Enum):
+    """Which empty-microbatch guard the DP sync applies (docs/spec.md §3.2, §7.1-7.2)."""
+
+    FIXED = "fixed"  # eager when min <= (G // k) * (k - 1): the reference behaviour
+    MERGED = "merged"  # eager when 2 * min < G: PR #51700 as merged, vllm 0.33.0
+    STRICT_K2 = "strict-k2"  # eager when 2 * min <= G: the `<=` fix with the literal 2
+
+
+class CaptureOn(enum.Enum):
+    """Which stream a microbatched graph is captured on (docs/spec.md §6.3)."""
+
+    RUNNER = "runner"  # the runner's capture stream, where the microbatch threads launch
+    SIDE = "side"  # the draft's bug: a fresh side stream, so the threads' work is not captured
+
+
+class Twins(enum.Enum):
+    """Which microbatched twins the graph table captures (docs/spec.md §7.5)."""
+
+    ALL = "all"  # every eligible twin, as vLLM does (bug §7.5 of docs/spec.md)
+    REACHABLE = "reachable"  # only twins some legal batch can dispatch to: the reference

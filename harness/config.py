@@ -14,7 +14,15 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from harness.bug_switches import A2ABuffers, CaptureKey, EagerSlices, UbatchVote
+from harness.bug_switches import (
+    A2ABuffers,
+    CaptureKey,
+    CaptureOn,
+    EagerSlices,
+    Guard,
+    Twins,
+    UbatchVote,
+)
 from harness.data_file import read_data_file
 from harness.errors import ConfigError
 from harness.vllm_code.source import VllmPatch, check_vllm_code_fields, parse_patches
@@ -47,14 +55,6 @@ class CudaGraphMode(enum.Enum):
         except KeyError:
             names = ", ".join(m.name for m in cls)
             raise ConfigError(field_name, f"unknown mode {name!r} (one of {names})") from None
-
-
-class Guard(enum.Enum):
-    """Which empty-microbatch guard the DP sync applies (docs/spec.md §3.2, §7.1-7.2)."""
-
-    FIXED = "fixed"  # eager when min <= (G // k) * (k - 1): the reference behaviour
-    MERGED = "merged"  # eager when 2 * min < G: PR #51700 as merged, vllm 0.33.0
-    STRICT_K2 = "strict-k2"  # eager when 2 * min <= G: the `<=` fix with the literal 2
 
 
 class UbatchProtocol(enum.Enum):
@@ -106,20 +106,6 @@ def _is_int(value: Any) -> bool:
 # Switches of the harness's miniature; the vllm system brings its own behaviour.
 HARNESS_ONLY_FIELDS = (("guard", "fixed"), ("twins", "reachable"), ("threshold_offset_rank", None),
                        ("ubatch_vote", "synced"))
-
-
-class CaptureOn(enum.Enum):
-    """Which stream a microbatched graph is captured on (docs/spec.md §6.3)."""
-
-    RUNNER = "runner"  # the runner's capture stream, where the microbatch threads launch
-    SIDE = "side"  # the draft's bug: a fresh side stream, so the threads' work is not captured
-
-
-class Twins(enum.Enum):
-    """Which microbatched twins the graph table captures (docs/spec.md §7.5)."""
-
-    ALL = "all"  # every eligible twin, as vLLM does (bug §7.5 of docs/spec.md)
-    REACHABLE = "reachable"  # only twins some legal batch can dispatch to: the reference
 
 
 def _parse_enum(enum_cls: type[enum.Enum], value: Any, field_name: str) -> enum.Enum:

@@ -15,14 +15,12 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from harness.bench.throughput import CONFIG  # the same decode examples' config
 from harness.check.judge import judge
 from harness.scenario import Scenario, scenario_from_dict
 from harness.timeouts import Timeouts
 from harness.world.loopback import LoopbackMultiNodeWorld
 from harness.world.torchrun import TorchrunWorld
-
-CONFIG = {"capture_sizes": [16, 32, 64], "max_num_reqs": 64, "max_num_batched_tokens": 64,
-          "decode_threshold": 8, "prefill_threshold": 32}
 
 
 @dataclass(frozen=True)
