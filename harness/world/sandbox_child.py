@@ -16,7 +16,6 @@ runners; a runner dies with the zygote (PR_SET_PDEATHSIG) and exits when its cha
 from __future__ import annotations
 
 import argparse
-import ctypes
 import faulthandler
 import os
 import select
@@ -30,21 +29,12 @@ from pathlib import Path
 
 from harness.scenario import scenario_from_dict
 from harness.timeouts import Timeouts
+from harness.world.parent_death import die_with_parent
 from harness.world.sim import SimWorld
 from harness.world.wire import Channel, ChannelClosed
 
 FD_WAIT_S = 10.0  # the runner's fd follows its fork request at once
 REAP_POLL_S = 0.01
-PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """SIGKILL this process when its parent dies; exit now if that already happened."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent_pid:
-        os._exit(3)
 
 
 def trace_file(trace_dir: Path, rank: int) -> Path:
@@ -134,7 +124,7 @@ def serve_zygote(fd: int) -> None:
                 if pid == 0:
                     code = 0
                     try:
-                        die_with_parent(me)
+                        die_with_parent(me, signal.SIGKILL)
                         channel.close()
                         sock.close()
                         run_runner(runner_fd, nproc, Timeouts(**timeouts), Path(trace_dir))

@@ -8,13 +8,11 @@ any worker left, checks that no process of the world survives, and reports the e
 
 from __future__ import annotations
 
-import os
 import selectors
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -26,6 +24,7 @@ from harness.history.scenario_history import ScenarioHistory, step_failed, steps
 from harness.history.step_error import StepError
 from harness.scenario import Scenario
 from harness.timeouts import DEFAULT_TIMEOUTS, Timeouts
+from harness.world.agent_launch import STOP_TIMEOUT_S, AgentLaunch, launch_agent, spares_by_default
 from harness.world.backends import check_backend
 from harness.world.control_server import ControlServer
 from harness.world.evidence import (
@@ -35,11 +34,10 @@ from harness.world.evidence import (
     rank_evidence,
 )
 from harness.world.gpus import pids_holding_gpu_memory
-from harness.world.processes import kill_all, package_pythonpath, wait_or_signal
-from harness.world.wire import CONTROL_KEY_ENV, Channel, ChannelClosed, new_control_key
+from harness.world.processes import kill_all, wait_or_signal
+from harness.world.wire import Channel, ChannelClosed
 
 LAUNCH_TIMEOUT_S = 90.0  # torchrun start plus `import torch` in every worker
-STOP_TIMEOUT_S = 10.0
 
 
 class WorldError(RuntimeError):
@@ -48,7 +46,8 @@ class WorldError(RuntimeError):
 
 class TorchrunWorld:
     def __init__(self, nproc: int, backend: str = "gloo",
-                 timeouts: Timeouts = DEFAULT_TIMEOUTS, device: str | None = None) -> None:
+                 timeouts: Timeouts = DEFAULT_TIMEOUTS, device: str | None = None,
+                 spares: int | None = None) -> None:
         self.layout = check_backend(backend, nproc, device)
         self.nproc = nproc
         self.backend = backend
@@ -58,6 +57,10 @@ class TorchrunWorld:
         # After a failed step an NCCL rank also waits, bounded, for its device.
         self.timeouts = timeouts.with_device_fence() if backend == "nccl" else timeouts
         self.launches = 0
+        self.rebuilds = 0  # worlds ended by a failure
+        # Launches kept booting beside a world that has failed once (0 or 1).
+        self.spares = spares_by_default(nproc) if spares is None else min(spares, 1)
+        self._spare: AgentLaunch | None = None
         self._proc: subprocess.Popen | None = None
         self._channels: dict[int, Channel] = {}
         self.listening_port: int | None = None  # the control port while workers connect
@@ -78,34 +81,36 @@ class TorchrunWorld:
         self.close()
 
     def start(self) -> None:
-        self.close()
-        self._dir = Path(tempfile.mkdtemp(prefix="dbo-world-"))
-        key = new_control_key()  # fresh per world; reaches the workers by environment only
-        server = ControlServer(key)
-        self.listening_port = server.port
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={self.nproc}", "--max-restarts=0",
-               "-m", "harness.world.worker", "--control", f"127.0.0.1:{server.port}",
-               "--driver-pid", str(os.getpid()), "--trace-dir", str(self._dir),
-               "--backend", self.backend, "--device", self.device,
-               "--collective-timeout", str(self.timeouts.collective_s)]
-        log = open(self._dir / "torchrun.log", "wb")  # noqa: SIM115 - closed with the world
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=package_pythonpath(),
-                   **{CONTROL_KEY_ENV: key.hex()})
+        self._close_live()
+        launch = self._take_spare() or self._launch()
         if self.launches == 0 and self.layout is not None:
             print(self.layout.describe(), file=sys.stderr, flush=True)
-        self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                      start_new_session=True)
+        self._proc, self._dir = launch.proc, launch.trace_dir
+        self.listening_port = launch.server.port
         self.launches += 1
         try:
-            self._accept(server)
+            self._accept(launch.server)
         except BaseException:
             self.close()
             raise
         finally:
-            self.strangers_dropped += server.dropped
-            server.close()
+            self.strangers_dropped += launch.server.dropped
+            launch.server.close()
             self.listening_port = None
+        if self.rebuilds and self.spares and self._spare is None:
+            self._spare = self._launch()  # a world that failed once is likely to again
+
+    def _launch(self) -> AgentLaunch:
+        return launch_agent(self.nproc, [
+            "--backend", self.backend, "--device", self.device,
+            "--collective-timeout", str(self.timeouts.collective_s)])
+
+    def _take_spare(self) -> AgentLaunch | None:
+        spare, self._spare = self._spare, None
+        if spare is not None and not spare.alive:
+            spare.discard()
+            return None
+        return spare
 
     def _accept(self, server: ControlServer) -> None:
         """Every worker, authenticated, says hello, then that it joined the group."""
@@ -136,8 +141,12 @@ class TorchrunWorld:
         """What else a worker says of itself (a multi-node world notes its node)."""
 
     def _end_world(self) -> list[int]:
-        """End the world after a failure; the next run builds a fresh one."""
-        return self.close()
+        """End the world after a failure; its replacement boots now, while the driver judges."""
+        survivors = self._close_live()
+        self.rebuilds += 1
+        if self.spares and self._spare is None:
+            self._spare = self._launch()
+        return survivors
 
     def _agent_lost(self, rank: int, agent_pid: int) -> StepError:
         return StepError("RankLost", f"lost its torchrun agent (pid {agent_pid})", None,
@@ -147,8 +156,16 @@ class TorchrunWorld:
         return self._dir
 
     def close(self) -> list[int]:
-        """Stop the world: ask, then SIGTERM torchrun, then kill what is left. Returns the
-        pids that were still alive at the end (must be empty)."""
+        """Stop the world and its spare. Returns the pids that were still alive at the end
+        (must be empty)."""
+        survivors = self._close_live()
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            survivors += spare.discard()
+        return survivors
+
+    def _close_live(self) -> list[int]:
+        """Stop the live world: ask, then SIGTERM torchrun, then kill what is left."""
         for channel in self._channels.values():
             try:
                 channel.send(("exit",))

@@ -34,6 +34,7 @@ from harness.world import wire
 from harness.world.collector import collector_paused
 from harness.world.gpus import GpuLayout, shared_gpu_environment, visible_gpus
 from harness.world.nodes import driver_address, peer_closed, worker_node
+from harness.world.parent_death import die_with_parent
 
 WATCHDOG_PERIOD_S = 0.5
 ARRIVAL_TIMEOUT_S = 60.0
@@ -187,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--collective-timeout", type=float, default=5.0)
     args = parser.parse_args(argv)
 
+    if args.driver_pid is not None:
+        # The agent's death must end this rank even while it spins in a CUDA wait holding
+        # the GIL, where the watchdog thread below can never run.
+        die_with_parent(os.getppid(), signal.SIGKILL)
     rank = int(os.environ["RANK"])
     trace_dir = Path(args.trace_dir)
     trace_dir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,81 @@
+"""One launch of a world's torchrun agent, with the control server its ranks call back to.
+
+A launch may be started before it is needed (a spare): its ranks import torch, pass the
+handshake and join their group in the background while the live world runs, so a rebuild
+after a failure costs reading two messages per rank instead of a cold start (on the H200,
+about 10 s: `import torch` takes 4-5 s in the agent and again in each rank).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from harness.world.control_server import ControlServer
+from harness.world.processes import kill_all, package_pythonpath, wait_or_signal
+from harness.world.wire import CONTROL_KEY_ENV, new_control_key
+
+STOP_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class AgentLaunch:
+    proc: subprocess.Popen
+    server: ControlServer
+    trace_dir: Path
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def discard(self) -> list[int]:
+        """Stop a launch that was never taken: agent, ranks and server. The pids left alive
+        (must be empty)."""
+        try:
+            ranks = [c.pid for c in psutil.Process(self.proc.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            ranks = []
+        self.server.close()
+        wait_or_signal(self.proc, 0.0, signal.SIGTERM)
+        wait_or_signal(self.proc, STOP_TIMEOUT_S, signal.SIGKILL)
+        survivors = kill_all(ranks)
+        shutil.rmtree(self.trace_dir, ignore_errors=True)
+        return survivors
+
+
+def launch_agent(nproc: int, worker_args: list[str]) -> AgentLaunch:
+    """Start torchrun's agent with `nproc` ranks of harness.world.worker, tied to this
+    process (harness/world/agent_guard.py); the ranks get a fresh key by environment."""
+    trace_dir = Path(tempfile.mkdtemp(prefix="dbo-world-"))
+    key = new_control_key()  # fresh per launch; reaches the workers by environment only
+    server = ControlServer(key)
+    me = str(os.getpid())
+    cmd = [sys.executable, "-m", "harness.world.agent_guard", "--driver-pid", me, "--",
+           "--standalone", f"--nproc-per-node={nproc}", "--max-restarts=0",
+           "-m", "harness.world.worker", "--control", f"127.0.0.1:{server.port}",
+           "--driver-pid", me, "--trace-dir", str(trace_dir), *worker_args]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=package_pythonpath(),
+               **{CONTROL_KEY_ENV: key.hex()})
+    try:
+        with open(trace_dir / "torchrun.log", "wb") as log:  # the agent keeps its own copy
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True)
+    except BaseException:
+        server.close()
+        shutil.rmtree(trace_dir, ignore_errors=True)
+        raise
+    return AgentLaunch(proc, server, trace_dir)
+
+
+def spares_by_default(nproc: int) -> int:
+    """One spare where the cores can boot it beside a running world without starving it (a
+    GPU host); none on a small machine, where it would steal the live ranks' time."""
+    return 1 if (os.cpu_count() or 1) >= 2 * nproc + 4 else 0
