@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, find, given, settings
+from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 
 from harness.config import HarnessConfig
@@ -147,3 +147,19 @@ def _decodes_beside_mixed_within_one_graph(config, batches) -> bool:
     tokens = [b.num_tokens for b in batches]
     return (any(decode) and not all(decode) and bool(config.cudagraph_capture_sizes)
             and min(tokens) >= config.decode_threshold and max(tokens) <= config.max_capture_size)
+
+
+def test_the_first_reference_scenario_tried_carries_no_fault_yet_some_drawn_ones_do():
+    # Hypothesis tries the simplest example first and shrinks toward it; a faulted example
+    # costs its timeouts, so the rare fault must not be the default.
+    strategy = scenario_strategy(VARIANTS["reference"], {}, (2,))
+    first: list[Scenario] = []
+
+    @settings(max_examples=1, phases=[Phase.generate], database=None)
+    @given(strategy)
+    def try_one(scenario):
+        first.append(scenario)
+
+    try_one()
+    assert first[0].faults == ()
+    find(strategy, lambda s: bool(s.faults), settings=settings(max_examples=500, database=None))
