@@ -12,6 +12,7 @@ contents: nothing that holds data is snapshotted.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import cache
 from typing import Any
 
 import torch
@@ -52,6 +53,22 @@ def _flat_tensor_returns(op: torch._ops.OpOverload) -> int | None:
     return None
 
 
+@cache
+def out_variant(op: torch._ops.OpOverload) -> tuple[torch._ops.OpOverload, str] | None:
+    """The overload that writes `op`'s one result into a given tensor, with exactly `op`'s
+    arguments besides (e.g. add.Tensor -> add.out); None where there is none."""
+    want = [(a.name, str(a.type)) for a in op._schema.arguments]
+    for name in op.overloadpacket.overloads():
+        other = getattr(op.overloadpacket, name)
+        arguments = other._schema.arguments
+        writes = [a for a in arguments if a.alias_info is not None and a.alias_info.is_write]
+        if other is op or len(writes) != 1 or not writes[0].kwarg_only:
+            continue
+        if [(a.name, str(a.type)) for a in arguments if a is not writes[0]] == want:
+            return other, writes[0].name
+    return None
+
+
 def is_pure_view(recorded: RecordedOp) -> bool:
     """An op that writes nothing and whose every result lives in an argument's storage: its
     replay would only build a view nobody reads (later ops rebuild theirs from slots)."""
@@ -80,11 +97,18 @@ def compile_op(recorded: RecordedOp, collective_timeout_s: float | None) -> Step
     # capture, an in-place result is left where it is and a fresh one is copied back.
     targets = tuple(None if _aliases(slot, storages) else slot.view()
                     for slot in recorded.result_leaves)
-    call = getattr(op, "_op", op)  # the overload's own entry, one Python frame fewer
+    if count == 1 and targets[0] is not None and (out := out_variant(op)) is not None:
+        # A fresh result computed straight into where it went at capture: no copy.
+        variant, name = out
+        return _entry(variant), tuple(args), {**kwargs, name: targets[0]}, None
     if count == 1:
-        return call, tuple(args), kwargs, targets[0]
-    return call, tuple(args), kwargs, (targets if any(t is not None for t in targets)
+        return _entry(op), tuple(args), kwargs, targets[0]
+    return _entry(op), tuple(args), kwargs, (targets if any(t is not None for t in targets)
                                        else None)
+
+
+def _entry(op: torch._ops.OpOverload) -> Callable[..., Any]:
+    return getattr(op, "_op", op)  # the overload's own entry, one Python frame fewer
 
 
 def compile_trace(ops: Sequence[RecordedOp],
