@@ -183,7 +183,8 @@ class MiniMoE:
         dest = ids.clamp(min=0) // self.experts_per_rank
         # A comparison, not F.one_hot: one_hot range-checks its input on the host.
         peers = torch.arange(self.peers, device=ids.device)
-        onehot = ((dest.unsqueeze(1) == peers) & routed.unsqueeze(1)).long()
+        # Boolean: cumsum and sum count in int64 without a cast.
+        onehot = (dest.unsqueeze(1) == peers) & routed.unsqueeze(1)
         # Each pair's row in its peer's block: 1 (past the count row) + its rank among the
         # pairs to that peer, which the inclusive cumsum gives directly.
         pos1 = onehot.cumsum(0).gather(1, dest.unsqueeze(1)).squeeze(1)
@@ -199,7 +200,7 @@ class MiniMoE:
         send.zero_()
         send.index_copy_(0, flat, payload)
         blocks = send[:bufs.rows].view(bufs.peers, bufs.capacity + 1, self.width)
-        blocks[:, 0, 0].copy_(onehot.sum(0).to(DTYPE))
+        blocks[:, 0, 0].copy_(onehot.sum(0))  # copy_ converts the counts to DTYPE
         self._exchange(bufs.dispatch_recv, send[:bufs.rows], overlap)
         # Receiver: the delivered rows as expert inputs (read after the hook has run).
         recv = bufs.dispatch_recv.view(bufs.peers, bufs.capacity + 1, self.width)
