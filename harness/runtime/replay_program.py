@@ -1,12 +1,13 @@
 """A recorded trace compiled once into a flat replay program: one tuple per op that does work.
 
 Per op, everything that does not change between replays is settled at compile time: the
-argument views on the recorded storage, whether the result is fresh (copied to where it went
-at capture) or aliases an argument (written in place, nothing to copy), and which ops do no
-work at all. An op that only views its argument (view, slice, unsqueeze, ...) is left out:
-every later op rebuilds its tensors from the recorded storage, size, stride and offset, so
-such a view's result is never read. Replay still reads the captured buffers' current
-contents: nothing that holds data is snapshotted.
+argument views on the recorded storage, whether the result is fresh (computed straight into
+where it went at capture through the op's out= overload, else copied there) or aliases an
+argument (written in place, nothing to copy), and which ops do no work at all. An op that
+only views its argument (view, slice, unsqueeze, ...) is left out: every later op rebuilds
+its tensors from the recorded storage, size, stride and offset, so such a view's result is
+never read. Replay still reads the captured buffers' current contents: nothing that holds
+data is snapshotted.
 """
 
 from __future__ import annotations
