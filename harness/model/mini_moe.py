@@ -134,7 +134,7 @@ class MiniMoE:
                                               mb.real_tokens)
             expert_out = self._experts(expert_in, handle.buffers)
             moe_out = self._finalize(expert_out, handle, topk_weights, overlap)
-            mb.output.copy_(hidden + moe_out)
+            torch.add(hidden, moe_out, out=mb.output)
 
     def attention(self, mb: Microbatch, cache: StateCache) -> tuple[torch.Tensor, torch.Tensor]:
         """Causal attention-lite: each real token reads its request's cached state plus the
@@ -154,8 +154,8 @@ class MiniMoE:
         before = contrib.cumsum(0) - contrib
         prefix = before - before[start.clamp(max=num_tokens - 1)]
         context = cache.state[slot] + prefix
-        implied_pos = mb.seq_lens[req_c] - (qsl[req_c + 1] - tok)
-        scale = 1.0 / (implied_pos.clamp(min=0).to(DTYPE) + 1.0)
+        implied_pos = mb.seq_lens[req_c] - (qsl[1:][req_c] - tok)
+        scale = (implied_pos.clamp(min=0).to(DTYPE) + 1.0).reciprocal()
         hidden = (emb + torch.sin(mb.positions.to(DTYPE).unsqueeze(1) * w.pos_freq)
                   + torch.tanh((context @ w.state_proj) * scale.unsqueeze(1)))
         cache.state.index_add_(0, slot, contrib)
@@ -183,21 +183,24 @@ class MiniMoE:
         dest = ids.clamp(min=0) // self.experts_per_rank
         # A comparison, not F.one_hot: one_hot range-checks its input on the host.
         peers = torch.arange(self.peers, device=ids.device)
-        onehot = ((dest.unsqueeze(1) == peers) & routed.unsqueeze(1)).long()
-        pos = (onehot.cumsum(0) - 1).gather(1, dest.unsqueeze(1)).squeeze(1)
-        flat = torch.where(routed, dest * (bufs.capacity + 1) + 1 + pos, bufs.rows)
-        token_index = (torch.arange(num_tokens, device=ids.device) + tok_start
-                       ).repeat_interleave(k)
+        # Boolean: cumsum and sum count in int64 without a cast.
+        onehot = (dest.unsqueeze(1) == peers) & routed.unsqueeze(1)
+        # Each pair's row in its peer's block: 1 (past the count row) + its rank among the
+        # pairs to that peer, which the inclusive cumsum gives directly.
+        pos1 = onehot.cumsum(0).gather(1, dest.unsqueeze(1)).squeeze(1)
+        flat = torch.where(routed, dest * (bufs.capacity + 1) + pos1, bufs.rows)
+        token_index = torch.arange(tok_start, tok_start + num_tokens, dtype=DTYPE,
+                                   device=ids.device).repeat_interleave(k)
         payload = torch.cat([hidden.repeat_interleave(k, 0),
                              torch.full((num_tokens * k, 1), float(self.rank), dtype=DTYPE,
                                         device=hidden.device),
-                             token_index.to(DTYPE).unsqueeze(1),
+                             token_index.unsqueeze(1),
                              ids.to(DTYPE).unsqueeze(1)], dim=1)
         send = bufs.dispatch_send
         send.zero_()
         send.index_copy_(0, flat, payload)
         blocks = send[:bufs.rows].view(bufs.peers, bufs.capacity + 1, self.width)
-        blocks[:, 0, 0].copy_(onehot.sum(0).to(DTYPE))
+        blocks[:, 0, 0].copy_(onehot.sum(0))  # copy_ converts the counts to DTYPE
         self._exchange(bufs.dispatch_recv, send[:bufs.rows], overlap)
         # Receiver: the delivered rows as expert inputs (read after the hook has run).
         recv = bufs.dispatch_recv.view(bufs.peers, bufs.capacity + 1, self.width)
@@ -222,13 +225,14 @@ class MiniMoE:
         counts = recv[:, 0, 0]
         slots = torch.arange(bufs.capacity, dtype=DTYPE, device=counts.device)
         present = slots.unsqueeze(0) < counts.unsqueeze(1)
-        local = recv[:, 1:, self.hidden_size + EXPERT_COL] - self.rank * self.experts_per_rank
+        expert = recv[:, 1:, self.hidden_size + EXPERT_COL]
         x = expert_in.reshape(-1, self.hidden_size)
-        out = torch.zeros_like(x)
         first = self.rank * self.experts_per_rank
-        for e in range(self.experts_per_rank):
-            mask = (present & (local == e)).reshape(-1, 1)
-            out += mask * expert_mlp(x, self.weights.w1[first + e], self.weights.w2[first + e])
+        out = None
+        for e in range(first, first + self.experts_per_rank):
+            mask = (present & (expert == e)).reshape(-1, 1)
+            term = mask * expert_mlp(x, self.weights.w1[e], self.weights.w2[e])
+            out = term if out is None else out.add_(term)
         return out.view(bufs.peers, bufs.capacity, self.hidden_size)
 
     def _finalize(self, expert_out: torch.Tensor, handle: DispatchHandle,

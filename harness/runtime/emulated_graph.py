@@ -20,6 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 
 from harness.runtime.graph_lifecycle import CaptureError, GraphState, LifecycleGraph
 from harness.runtime.op_record import CollectiveCall, RecordedOp, record_op, snapshot_args
+from harness.runtime.replay_program import Step, compile_trace, run_program
 from harness.runtime.streams import CpuStreams, LogicalStream
 
 _aten = torch.ops.aten
@@ -193,7 +194,7 @@ class EmulatedGraph(LifecycleGraph):
     def __init__(self, collective_timeout_s: float | None = None) -> None:
         super().__init__()
         self._ops: list[RecordedOp] = []
-        self._compiled: list | None = None  # built at the first replay, after capture ended
+        self._program: tuple[Step, ...] | None = None  # built at the first replay
         self.collective_timeout_s = collective_timeout_s
 
     @property
@@ -217,11 +218,10 @@ class EmulatedGraph(LifecycleGraph):
 
     def replay(self) -> None:
         self._lifecycle.check_replayable()
-        if self._compiled is None:
-            self._compiled = [op.compile(self.collective_timeout_s) for op in self._ops]
+        if self._program is None:
+            self._program = compile_trace(self._ops, self.collective_timeout_s)
         with torch.no_grad():
-            for run in self._compiled:
-                run()
+            run_program(self._program)
 
 
 class EmulatedPool:

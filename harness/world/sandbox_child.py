@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import gc
 import os
 import select
 import signal
@@ -106,6 +107,10 @@ def _reap(pid: int, timeout_s: float) -> int | None:
 
 
 def serve_zygote(fd: int) -> None:
+    # Everything imported so far (torch included) is shared with every runner: frozen, a
+    # runner's full collections neither walk it nor copy its pages (about 0.4 s each).
+    gc.collect()
+    gc.freeze()
     channel = Channel(Connection(fd))
     sock = socket.socket(fileno=os.dup(fd))
     me = os.getpid()
