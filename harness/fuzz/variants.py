@@ -90,6 +90,11 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
             "a batch larger than the buffers",
             changes=(("a2a_buffers", "microbatch"),), undo=(("a2a_buffers", "max-tokens"),),
             caught_by=("dispatch_capacity", "startup", "errors")),
+    Variant("idle-rank-dummy-unpadded", "vLLM issue #26137: an idle rank's dummy batch "
+            "runs at its own size instead of the token count the ranks agreed on, so it "
+            "replays (or runs) another graph than its peers",
+            changes=(("dummy_padding", "unpadded"),), undo=(("dummy_padding", "agreed"),),
+            caught_by=("executes_plan",)),
     Variant("rank-local-ubatch-opt-out", "a rank with fewer requests than microbatches leaves "
             "the split on its own, a value no other rank consults; its peers wait in "
             "all-to-alls it never joins (vLLM PR #50945's review)",
