@@ -53,6 +53,16 @@ class RankBatch:
         return dummy_query_lens(self.num_reqs, self.num_tokens)
 
 
+def deciding_batch(batch: RankBatch, decode_query_len: int) -> RankBatch:
+    """What a rank brings to the DP sync: its batch, or for an idle rank vLLM's dummy batch
+    (execute_dummy_batch: one uniform-decode request of decode_query_len tokens, all padding),
+    which votes and allows microbatching like a busy rank's (docs/spec.md §1.1)."""
+    if batch.num_tokens:
+        return batch
+    q = decode_query_len
+    return RankBatch(q, 1, q, batch.allow_ubatching, (q,))
+
+
 def dummy_query_lens(num_reqs: int, num_tokens: int) -> tuple[int, ...]:
     """vLLM's make_dummy layout: tokens // reqs each, the last tokens % reqs get one more."""
     if num_reqs == 0:

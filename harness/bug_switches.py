@@ -39,6 +39,14 @@ class UbatchVote(enum.Enum):
     RANK_LOCAL = "rank-local"  # the slip: a rank also opts out on its own request count
 
 
+class DummyPadding(enum.Enum):
+    """What an idle rank's dummy batch runs once the ranks agreed on a step (vLLM #26137)."""
+
+    AGREED = "agreed"  # padded to the agreed tokens, the agreed graph: the reference
+    # The bug: the dummy runs at its own size, the graph (or eager run) of its unpadded tokens.
+    UNPADDED = "unpadded"
+
+
 class Guard(enum.Enum):
     """Which empty-microbatch guard the DP sync applies (docs/spec.md §3.2, §7.1-7.2)."""
 

@@ -18,6 +18,7 @@ from harness.bug_switches import (
     A2ABuffers,
     CaptureKey,
     CaptureOn,
+    DummyPadding,
     EagerSlices,
     Guard,
     Twins,
@@ -170,24 +171,20 @@ class HarnessConfig:
     eager_slices: EagerSlices = EagerSlices.OWN
     a2a_buffers: A2ABuffers = A2ABuffers.MAX_TOKENS
     ubatch_vote: UbatchVote = UbatchVote.SYNCED
+    dummy_padding: DummyPadding = DummyPadding.AGREED
     # The GPU suite's world of one rank (one GPU): microbatching with dp_size 1, whose
     # all-to-all is a size-one NCCL op. Allowed nowhere else.
     single_rank_gpu_world: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cudagraph_mode", CudaGraphMode.parse(self.cudagraph_mode))
-        object.__setattr__(self, "guard", _parse_enum(Guard, self.guard, "guard"))
-        object.__setattr__(self, "twins", _parse_enum(Twins, self.twins, "twins"))
-        object.__setattr__(self, "protocol",
-                           _parse_enum(UbatchProtocol, self.protocol, "protocol"))
-        object.__setattr__(self, "all2all_backend", _parse_enum(
-            All2AllBackend, self.all2all_backend, "all2all_backend"))
-        object.__setattr__(self, "capture_on",
-                           _parse_enum(CaptureOn, self.capture_on, "capture_on"))
         object.__setattr__(self, "sut", _parse_enum(DecisionSystem, self.sut, "sut"))
         object.__setattr__(self, "vllm_patches", parse_patches(self.vllm_patches))
-        for name, enum_cls in (("capture_key", CaptureKey), ("eager_slices", EagerSlices),
-                               ("a2a_buffers", A2ABuffers), ("ubatch_vote", UbatchVote)):
+        for name, enum_cls in (("guard", Guard), ("twins", Twins), ("protocol", UbatchProtocol),
+                               ("all2all_backend", All2AllBackend), ("capture_on", CaptureOn),
+                               ("capture_key", CaptureKey), ("eager_slices", EagerSlices),
+                               ("a2a_buffers", A2ABuffers), ("ubatch_vote", UbatchVote),
+                               ("dummy_padding", DummyPadding)):
             object.__setattr__(self, name, _parse_enum(enum_cls, getattr(self, name), name))
         if self.capture_sizes is not None:
             if not isinstance(self.capture_sizes, list | tuple):

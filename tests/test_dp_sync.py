@@ -172,15 +172,38 @@ def test_a_rank_voting_eager_keeps_every_rank_eager_at_its_own_size():
     assert plans[0].state.num_reqs == 300
 
 
-def test_an_all_idle_step_runs_eager_with_no_sync_state():
+def test_an_all_idle_step_runs_every_ranks_dummy_batch_in_the_smallest_graph():
+    # vLLM's execute_dummy_batch: one request of decode_query_len tokens, a uniform decode.
     plans = plan_without_world(graph_config(), decode(0, 0))
-    assert [(p.kind, p.num_tokens, p.state) for p in plans] == [("eager", 0, None)] * 2
+    assert [(p.kind, p.desc.label(), p.num_tokens, p.real_tokens) for p in plans] == [
+        ("full", "FULL/64tok/64req", 64, 0)] * 2
+    assert plans[0].state.num_tokens_across_dp == (64, 64)
 
 
 def test_an_idle_rank_keeps_the_step_from_being_microbatched():
     plans = plan_without_world(graph_config(), decode(0, 64))
     assert {p.desc.num_ubatches for p in plans} == {1}
     assert first_disagreement(plans) is None
+
+
+def test_an_idle_ranks_dummy_batch_votes_full_so_its_peers_still_replay_a_graph():
+    # The dummy votes its own dispatch (FULL) and a uniform decode: nobody falls back to eager,
+    # and the idle rank pads to the agreed graph (vLLM issue #26137 is where it does not).
+    plans = plan_without_world(graph_config(), decode(0, 100))
+    assert [(p.kind, p.desc.label(), p.num_tokens, p.num_reqs) for p in plans] == [
+        ("full", "FULL/128tok/128req", 128, 128)] * 2
+    assert plans[0].state == plans[1].state
+    assert plans[0].state.num_tokens_across_dp == (128, 128)
+    assert plans[0].state.uniform_token_count == 1
+
+
+def test_an_idle_ranks_dummy_batch_keeps_its_allow_ubatching_and_one_padding_token_in_eager():
+    # Above every graph the busy rank votes NONE: nobody pads, the idle rank runs its dummy.
+    idle = RankBatch.uniform(0, allow_ubatching=False)
+    plans = plan_without_world(graph_config(), [idle, RankBatch.uniform(300, None)])
+    assert [(p.kind, p.num_tokens, p.num_reqs, p.real_tokens) for p in plans] == [
+        ("eager", 1, 1, 0), ("eager", 300, 300, 300)]
+    assert plans[0].state.num_tokens_across_dp == (1, 300)
 
 
 def test_a_full_microbatched_step_pads_requests_to_the_graph():

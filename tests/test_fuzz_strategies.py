@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 
-from harness.config import HarnessConfig
+from harness.config import CudaGraphMode, HarnessConfig
 from harness.fuzz.engine import scenario_strategy
 from harness.fuzz.variants import VARIANTS
 from harness.gen.strategies import (
@@ -17,8 +17,10 @@ from harness.gen.strategies import (
     steering,
     steps_with_microbatch_threads,
     straddling_token_counts,
+    uneven_reqs,
 )
 from harness.scenario import RankStep, Scenario
+from harness.sut.step_plan import plan_without_world
 from harness.sut.thresholds import last_region_start
 
 CONFIG = HarnessConfig(dp_size=4, capture_sizes=(16, 32), max_num_reqs=64,
@@ -163,3 +165,48 @@ def test_the_first_reference_scenario_tried_carries_no_fault_yet_some_drawn_ones
     try_one()
     assert first[0].faults == ()
     find(strategy, lambda s: bool(s.faults), settings=settings(max_examples=500, database=None))
+
+
+def test_the_uneven_request_limit_lies_between_half_and_all_of_the_size_and_divides_nothing():
+    assert [uneven_reqs(n) for n in (1, 2, 3, 4, 8, 12, 32, 48)] == [1, 1, 2, 3, 5, 7, 17, 25]
+    assert all(n % uneven_reqs(n) for n in range(3, 200))
+
+
+def test_one_config_in_twelve_or_more_has_a_capture_size_its_request_limit_does_not_divide():
+    # Issue 14 part 4: max_num_reqs below a capture size, so that size's token count does not
+    # divide by its request count. Without the uneven draw, 6 configs in 400 were such.
+    uneven, configs = 0, 0
+
+    @settings(max_examples=300, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(scenario_strategy(VARIANTS["reference"], {}, (2, 3, 4)))
+    def count(scenario):
+        nonlocal uneven, configs
+        cfg = scenario.config
+        configs += 1
+        uneven += any(g > cfg.max_num_reqs and g % cfg.max_num_reqs
+                      for g in cfg.cudagraph_capture_sizes)
+
+    count()
+    assert uneven >= configs / 12
+
+
+def test_an_idle_rank_beside_peers_that_pad_it_past_the_smallest_graph_is_drawn_often():
+    # Where an idle rank's dummy batch must pad to the agreed graph (vLLM issue #26137): the
+    # variant draws graph modes and two sizes; 25 steps in 613 here, 15 in 981 for reference.
+    hits, steps = 0, 0
+
+    @settings(max_examples=300, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(scenario_strategy(VARIANTS["idle-rank-dummy-unpadded"], {}, (2, 3, 4)))
+    def count(scenario):
+        nonlocal hits, steps
+        cfg = scenario.config
+        for i in range(len(scenario.steps)):
+            steps += 1
+            plans = plan_without_world(cfg, scenario.batches(i))
+            hits += any(p.real_tokens == 0 and p.desc.cg_mode is not CudaGraphMode.NONE
+                        and p.num_tokens > min(cfg.cudagraph_capture_sizes) for p in plans)
+
+    count()
+    assert hits >= steps / 40

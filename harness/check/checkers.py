@@ -90,21 +90,28 @@ def check_agreement(records: Sequence[StepRecord]) -> Verdict:
 
 
 def check_fingerprints(records: Sequence[StepRecord]) -> Verdict:
-    """Every rank issued the same collectives, in the same order, with the same sizes."""
+    """Every rank issued the same collectives, in the same order, with the same sizes. A rank
+    whose fingerprint is unknown (it died before reporting) is left out and named, never read
+    as a rank that issued nothing."""
     name = "collective_fingerprints"
     if any(r.injected_fault for r in records):
         return _ok(name, "skipped: a fault changes this step's collectives by design")
-    base = records[0].fingerprint
-    for rec in records[1:]:
+    known = [r for r in records if r.fingerprint is not None]
+    unknown = [r.rank for r in records if r.fingerprint is None]
+    note = f"ranks {unknown} left out: their collectives are unknown" if unknown else ""
+    if not known:
+        return _ok(name, note)
+    first, base = known[0], known[0].fingerprint
+    for rec in known[1:]:
         if rec.fingerprint == base:
             continue
         for i in range(max(len(base), len(rec.fingerprint))):
             a = base[i] if i < len(base) else None
             b = rec.fingerprint[i] if i < len(rec.fingerprint) else None
             if a != b:
-                return _fail(name, f"collective #{i}: rank {records[0].rank} issues {a}, "
-                             f"rank {rec.rank} issues {b}")
-    return _ok(name)
+                return _fail(name, f"collective #{i}: rank {first.rank} issues {a}, "
+                             f"rank {rec.rank} issues {b}" + (f" ({note})" if note else ""))
+    return _ok(name, note)
 
 
 def check_replay_split(records: Sequence[StepRecord]) -> Verdict:

@@ -19,10 +19,17 @@ def _ran(records: Sequence[StepRecord]) -> list[StepRecord]:
 
 def check_executes_plan(records: Sequence[StepRecord]) -> Verdict:
     """A FULL descriptor replays that very graph; any other plan runs eagerly, split as the
-    plan splits it (a captured graph that is not found must not turn into an eager run)."""
+    plan splits it (a captured graph that is not found must not turn into an eager run); and
+    the rank runs the tokens it padded to, an idle rank's dummy batch included (#26137)."""
     name = "executes_plan"
     for rec in _ran(records):
         desc = rec.plan.desc
+        ran_tokens = rec.ran_split[-1][3] if rec.ran_split else None
+        if ran_tokens is not None and ran_tokens != max(rec.plan.num_tokens, 1):
+            idle = " (idle: its dummy batch)" if rec.plan.real_tokens == 0 else ""
+            return _fail(name, f"rank {rec.rank}{idle} ran {ran_tokens} tokens "
+                         f"({rec.executed}), not the {rec.plan.num_tokens} of its plan "
+                         f"{desc.label()}")
         if desc.cg_mode is CudaGraphMode.FULL:
             if rec.executed == "replay" and rec.replayed != desc.label():
                 return _fail(name, f"rank {rec.rank} plans to replay {desc.label()} but "

@@ -189,8 +189,12 @@ def spec_plans(config: HarnessConfig, batches: Sequence[RankBatch]) -> list[Step
     §1.3 from it and its own batch, then padding (§2.4) and regions (§4.1)."""
     tables = [graph_table(config, rank) for rank in range(config.dp_size)]
     # §1.1 rows, column r from rank r alone; the vote is the rank's own unsplit dispatch.
+    # An idle rank brings vLLM's dummy batch: one request of q tokens, a uniform decode.
+    q = config.decode_query_len
+    deciding = [b if b.num_tokens else RankBatch(q, 1, q, b.allow_ubatching, (q,))
+                for b in batches]
     tokens, votes, ucts, max_query_lens, allows, reqs = [], [], [], [], [], []
-    for rank, batch in enumerate(batches):
+    for rank, batch in enumerate(deciding):
         tokens.append(batch.num_tokens)
         votes.append(dispatch(tables[rank], batch.num_reqs, batch.num_tokens,
                               batch.uniform_token_count, batch.max_query_len).cg_mode.value)
@@ -200,7 +204,7 @@ def spec_plans(config: HarnessConfig, batches: Sequence[RankBatch]) -> list[Step
         reqs.append(batch.num_reqs)
     plans = []
     for rank, batch in enumerate(batches):
-        desc, state = decide(config, tables[rank], batch, tokens, votes, ucts,
+        desc, state = decide(config, tables[rank], deciding[rank], tokens, votes, ucts,
                              max_query_lens, allows, reqs)
         plans.append(pad_and_split(rank, batch, desc, state))
     return plans
@@ -216,8 +220,6 @@ def decide(config: HarnessConfig, table: Sequence[GraphDescriptor], batch: RankB
     own_uct = batch.uniform_token_count or 0
     uniform_decode = own_uct == q and all(u == own_uct for u in ucts)
     min_tokens, max_tokens, max_reqs = min(tokens), max(tokens), max(reqs)
-    if max_tokens == 0:  # T0: every rank idle, no state
-        return GraphDescriptor(NONE, 0, 0), None
     # 2: thresholds are monotone in n, so they are tested on the smallest rank (§3.1).
     # ubatch_vote rank-local (§7.15): this rank also leaves if it has fewer requests than k.
     alone = config.ubatch_vote.value == "rank-local" and batch.num_reqs < k

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from harness.errors import ConfigError
 from harness.faults import FaultKind
+from harness.gen.strategies import SIZE_CHOICES
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,17 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
             "a batch larger than the buffers",
             changes=(("a2a_buffers", "microbatch"),), undo=(("a2a_buffers", "max-tokens"),),
             caught_by=("dispatch_capacity", "startup", "errors")),
+    Variant("idle-rank-dummy-unpadded", "vLLM issue #26137: an idle rank's dummy batch "
+            "runs at its own size instead of the token count the ranks agreed on, so it "
+            "replays (or runs) another graph than its peers",
+            changes=(("dummy_padding", "unpadded"),), undo=(("dummy_padding", "agreed"),),
+            caught_by=("executes_plan",),
+            # Without graphs nobody pads, and with one graph the dummy's own is the agreed
+            # one: only modes that capture graphs, two sizes at least, can show it.
+            drawn=(("cudagraph_mode", st.sampled_from(("FULL", "FULL_DECODE_ONLY",
+                                                       "FULL_AND_PIECEWISE"))),
+                   ("capture_sizes", st.lists(st.sampled_from(SIZE_CHOICES), min_size=2,
+                                              max_size=2, unique=True).map(sorted)))),
     Variant("rank-local-ubatch-opt-out", "a rank with fewer requests than microbatches leaves "
             "the split on its own, a value no other rank consults; its peers wait in "
             "all-to-alls it never joins (vLLM PR #50945's review)",

@@ -82,9 +82,12 @@ def fuzz_configs(draw, fixed: Mapping[str, Any] | None = None, *,
         capture_sizes=tuple(sizes) if sizes is not None else None,
         max_num_batched_tokens=pick("max_num_batched_tokens",
                                     st.just(max(FUZZ_MAX_TOKENS, largest))),
-        # Below the largest capture size, twins of the larger graphs have no legal batch.
-        max_num_reqs=pick("max_num_reqs", st.sampled_from(
-            (FUZZ_MAX_TOKENS, largest, max(1, largest // 2)))),
+        # Below the largest capture size, twins of the larger graphs have no legal batch;
+        # strictly between half and all of it, that size's token count does not divide by
+        # its request count (vLLM's make_dummy spreads the rest): one config in eight.
+        max_num_reqs=pick("max_num_reqs", st.just(uneven_reqs(largest))
+                          if draw(st.integers(0, 7)) == 0 else
+                          st.sampled_from((FUZZ_MAX_TOKENS, largest, max(1, largest // 2)))),
     )
     # Drawn thresholds start at k (lower ones are illegal with microbatching); pinned ones
     # are kept as given, so that a bad pin is reported rather than mended.
@@ -103,6 +106,12 @@ def fuzz_configs(draw, fixed: Mapping[str, Any] | None = None, *,
     except ConfigError:
         assume(False)
         raise  # unreachable: assume(False) rejects the example
+
+
+def uneven_reqs(size: int) -> int:
+    """A request limit below `size` that does not divide it (any in (size / 2, size)); 1 for a
+    size of 1 or 2, which has none."""
+    return size // 2 + 1 if size > 2 else 1
 
 
 def boundary_token_counts(config: HarnessConfig) -> list[int]:

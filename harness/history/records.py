@@ -50,7 +50,9 @@ class StepRecord:
     executed: str  # "replay", "eager-microbatched", "eager", or "failed"
     captured_split: tuple[Span, ...]  # empty unless a graph was replayed
     replay_split: tuple[Span, ...]
-    fingerprint: Fingerprint  # collectives this rank issued (or its graph replays)
+    # Collectives this rank issued (or its graph replays); None: unknown, the rank never
+    # reported the step (its process died), which is not the same as having issued none.
+    fingerprint: Fingerprint | None
     routes: tuple[Route, ...]  # received in the dispatch, sorted
     outputs: Rows  # the real rows only
     state: Rows  # the whole per-request state cache after the step
@@ -68,7 +70,7 @@ class StepRecord:
                injected_fault: bool = False) -> StepRecord:
         """The record of a rank that never reported the step (its process is gone)."""
         return cls(rank=rank, step=step, plan=None, executed="failed", captured_split=(),
-                   replay_split=(), fingerprint=(), routes=(), outputs=(), state=(),
+                   replay_split=(), fingerprint=None, routes=(), outputs=(), state=(),
                    threads_alive=(), pending_run=False, error=error,
                    injected_fault=injected_fault, seconds=0.0)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.batch import RankBatch
+from harness.batch import RankBatch, deciding_batch
 from harness.bug_switches import UbatchVote
 from harness.config import CudaGraphMode, HarnessConfig
 from harness.history.decision import DpSyncState, GraphDescriptor
@@ -29,11 +29,13 @@ NUM_ROWS = 6
 @dataclass(frozen=True)
 class SyncDecision:
     desc: GraphDescriptor
-    state: DpSyncState | None  # None when every rank is idle
+    state: DpSyncState | None  # None when the sync gave no state
 
 
 def local_column(table: GraphTable, batch: RankBatch) -> tuple[int, ...]:
-    """This rank's column: tokens, graph-mode vote, uct, max query len, allow, requests."""
+    """This rank's column: tokens, graph-mode vote, uct, max query len, allow, requests
+    (an idle rank's from its dummy batch)."""
+    batch = deciding_batch(batch, table.config.decode_query_len)
     vote = table.dispatch(batch.num_reqs, batch.num_tokens, batch.uniform_token_count,
                           batch.max_query_len).cg_mode
     max_query_len = batch.max_query_len
@@ -44,13 +46,11 @@ def local_column(table: GraphTable, batch: RankBatch) -> tuple[int, ...]:
 
 def decide_from_matrix(config: HarnessConfig, table: GraphTable,
                        rows: Sequence[Sequence[int]], batch: RankBatch) -> SyncDecision:
-    """The decision of one rank from the gathered matrix and its own batch."""
+    """The decision of one rank from the gathered matrix and its own (or dummy) batch."""
+    batch = deciding_batch(batch, config.decode_query_len)
     tokens, votes, ucts, max_query_lens, allows, reqs = (list(r) for r in rows)
     local_uct = batch.uniform_token_count or 0
     synced_uct = ucts[0] if ucts[0] != 0 and all(u == ucts[0] for u in ucts) else None
-    if all(t == 0 for t in tokens):
-        return SyncDecision(GraphDescriptor(CudaGraphMode.NONE, 0, 0), None)
-
     if all(a == 1 for a in allows):
         uniform_decode = (batch.uniform_token_count == config.decode_query_len
                           and all(u == local_uct for u in ucts))

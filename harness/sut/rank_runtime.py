@@ -11,12 +11,15 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
-from harness.bug_switches import EagerSlices
+from harness.batch import deciding_batch
+from harness.bug_switches import DummyPadding, EagerSlices
 from harness.config import CudaGraphMode, HarnessConfig
 from harness.faults import Fault, FaultKind, InjectedFault
+from harness.history.decision import GraphDescriptor
 from harness.history.records import GraphRecord, StartupRecord, StepRecord, rows_of, span
 from harness.history.step_error import error_of
 from harness.model.mini_moe import MiniMoE
@@ -118,7 +121,8 @@ class RankRuntime:
                                   self.collective_timeout_s, self.log)
             if FaultKind.ABORT_RANK in kinds:
                 os.abort()  # the process ends here; its peers wait in the all-to-all
-            desc = plan.desc
+            plan_ran = self._dummy_unpadded(plan, batch)
+            desc = plan_ran.desc
             captured = (self.manager.lookup(desc) if desc.cg_mode is CudaGraphMode.FULL
                         else None)
             if captured is not None:
@@ -129,7 +133,7 @@ class RankRuntime:
                 outputs = captured.buffers.output[:batch.num_tokens]
                 executed = "replay"
             else:
-                buffers = self._eager_buffers(plan.num_tokens, self._eager_reqs(plan),
+                buffers = self._eager_buffers(plan_ran.num_tokens, self._eager_reqs(plan_ran),
                                               requests)
                 ran = self.manager.run_eager(desc, buffers, lens or (1,), faults)
                 fingerprint = self.log.since(mark)
@@ -169,6 +173,19 @@ class RankRuntime:
             return ()
         return tuple(sorted(route for i, sl in enumerate(split)
                             for route in self.model.received_routes(i, sl.num_tokens)))
+
+    def _dummy_unpadded(self, plan, batch):
+        """What the rank runs: its plan, or with dummy_padding unpadded (vLLM issue #26137) an
+        idle rank's dummy batch at its own size, dispatched by its own tokens."""
+        if self.config.dummy_padding is not DummyPadding.UNPADDED or batch.num_tokens:
+            return plan
+        dummy = deciding_batch(batch, self.config.decode_query_len)
+        desc = self.table.dispatch(dummy.num_reqs, dummy.num_tokens, dummy.uniform_token_count,
+                                   dummy.max_query_len)
+        if desc.cg_mode is not CudaGraphMode.FULL or self.manager.lookup(desc) is None:
+            desc = GraphDescriptor(CudaGraphMode.NONE, dummy.num_tokens, dummy.num_reqs)
+        return replace(plan, desc=desc, num_tokens=desc.num_tokens,
+                       num_reqs=desc.num_reqs or dummy.num_reqs, regions=())
 
     def _eager_reqs(self, plan) -> int:
         """Requests an eager step pads to: the plan's (a NONE descriptor pads none), or with

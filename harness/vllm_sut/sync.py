@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from vllm.distributed.utils import cpu_all_reduce_
 
-from harness.batch import RankBatch
+from harness.batch import RankBatch, deciding_batch
 from harness.config import HarnessConfig
 from harness.history.decision import DpSyncState
 from harness.runtime.comm import CollectiveLog, CollectiveTimeout
@@ -109,7 +109,9 @@ def vllm_sync(group, config: HarnessConfig, rank: int, batch: RankBatch,
 
 
 def sync_with(stand_in, config: HarnessConfig, rank: int, batch: RankBatch) -> SyncDecision:
-    """vLLM's dispatch_cg_and_sync_dp for this rank, its all-reduce done by `stand_in`."""
+    """vLLM's dispatch_cg_and_sync_dp for this rank, its all-reduce done by `stand_in`; an
+    idle rank syncs its dummy batch, as vLLM's execute_dummy_batch does."""
+    batch = deciding_batch(batch, config.decode_query_len)
     configs = vllm_configs(config)
     manager = vllm_graph_manager(config)
     dp_utils = vllm_code(config).dp_utils
