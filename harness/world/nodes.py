@@ -128,6 +128,18 @@ def driver_address(endpoint: str, timeout_s: float) -> DriverAddress:
     return DriverAddress(h, int(p), launch)
 
 
+def world_group_args(launch: str, timeout_s: float) -> dict:
+    """`init_process_group`'s store for one world. The agents' TCPStore outlives their
+    rendezvous rounds, so without a prefix of its own a rank of the next world reads gloo's
+    addresses of the last one (a connect to a dead port: the rebuild failed on it)."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          is_master=False, timeout=timedelta(seconds=timeout_s))
+    return {"store": dist.PrefixStore(f"dbo-harness/world-{launch}", store),
+            "rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"])}
+
+
 def peer_closed(fd: int) -> bool:
     """The far end of a connected socket closed it (peeked: nothing is consumed)."""
     try:
