@@ -27,7 +27,6 @@ from harness.history.step_error import StepError
 from harness.scenario import Scenario
 from harness.timeouts import DEFAULT_TIMEOUTS, Timeouts
 from harness.world.backends import check_backend
-from harness.world.control_server import ControlServer
 from harness.world.evidence import (
     fatal_error,
     last_collective,
@@ -35,15 +34,12 @@ from harness.world.evidence import (
     rank_evidence,
 )
 from harness.world.gpus import pids_holding_gpu_memory
+from harness.world.launch import LAUNCH_TIMEOUT_S, WorldError, launch_world
 from harness.world.processes import kill_all, package_pythonpath, wait_or_signal
 from harness.world.wire import CONTROL_KEY_ENV, Channel, ChannelClosed, new_control_key
 
-LAUNCH_TIMEOUT_S = 90.0  # torchrun start plus `import torch` in every worker
 STOP_TIMEOUT_S = 10.0
-
-
-class WorldError(RuntimeError):
-    """The world could not be started (torchrun failed, or workers never connected)."""
+__all__ = ["LAUNCH_TIMEOUT_S", "STOP_TIMEOUT_S", "TorchrunWorld", "WorldError"]
 
 
 class TorchrunWorld:
@@ -81,56 +77,26 @@ class TorchrunWorld:
         self.close()
         self._dir = Path(tempfile.mkdtemp(prefix="dbo-world-"))
         key = new_control_key()  # fresh per world; reaches the workers by environment only
-        server = ControlServer(key)
-        self.listening_port = server.port
+        if self.launches == 0 and self.layout is not None:
+            print(self.layout.describe(), file=sys.stderr, flush=True)
+        try:
+            launch_world(self, key, "127.0.0.1", lambda port: self._launch(key, port))
+        except BaseException:
+            self.close()
+            raise
+
+    def _launch(self, key: bytes, port: int) -> None:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={self.nproc}", "--max-restarts=0",
-               "-m", "harness.world.worker", "--control", f"127.0.0.1:{server.port}",
+               "-m", "harness.world.worker", "--control", f"127.0.0.1:{port}",
                "--driver-pid", str(os.getpid()), "--trace-dir", str(self._dir),
                "--backend", self.backend, "--device", self.device,
                "--collective-timeout", str(self.timeouts.collective_s)]
         log = open(self._dir / "torchrun.log", "wb")  # noqa: SIM115 - closed with the world
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=package_pythonpath(),
                    **{CONTROL_KEY_ENV: key.hex()})
-        if self.launches == 0 and self.layout is not None:
-            print(self.layout.describe(), file=sys.stderr, flush=True)
         self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                       start_new_session=True)
-        self.launches += 1
-        try:
-            self._accept(server)
-        except BaseException:
-            self.close()
-            raise
-        finally:
-            self.strangers_dropped += server.dropped
-            server.close()
-            self.listening_port = None
-
-    def _accept(self, server: ControlServer) -> None:
-        """Every worker, authenticated, says hello, then that it joined the group."""
-        deadline = time.monotonic() + LAUNCH_TIMEOUT_S
-
-        def launcher_alive() -> None:
-            if not self.alive:
-                raise WorldError(f"torchrun exited with {self._proc.returncode} before every "
-                                 f"worker connected:\n{self._log_tail()}")
-
-        while len(self._channels) < self.nproc:
-            try:
-                channel = server.accept(deadline, launcher_alive)
-            except TimeoutError:
-                raise WorldError(f"only {len(self._channels)} of {self.nproc} workers "
-                                 f"connected within {LAUNCH_TIMEOUT_S:.0f} s") from None
-            hello = channel.recv(timeout_s=30)
-            rank, pid = hello[1], hello[2]
-            self._channels[rank], self._pids[rank] = channel, pid
-            self._hello(rank, hello[3:])
-        for rank, channel in self._channels.items():
-            message = channel.recv(timeout_s=max(1.0, deadline - time.monotonic()))
-            if message[0] != "ready":
-                raise WorldError(f"rank {rank} failed to join the process group:\n"
-                                 f"{message[-1]}")
 
     def _hello(self, rank: int, rest: tuple) -> None:
         """What else a worker says of itself (a multi-node world notes its node)."""

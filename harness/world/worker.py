@@ -132,14 +132,15 @@ class Worker:
         self.emulated_graphs = emulated_graphs
         self.runtimes: dict[tuple, tuple[RankRuntime, object]] = {}
 
-    def serve(self) -> None:
+    def serve(self) -> bool:
+        """Run what the driver sends; True when it said exit, False when it went away."""
         while True:
             try:
                 message = self.channel.recv()
             except wire.ChannelClosed:
-                return
+                return False
             if message[0] == "exit":
-                return
+                return True
             if message[0] == "run":
                 with collector_paused():
                     self.run(message[1], Timeouts(**message[2]))
@@ -219,8 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         channel.send(("ready", rank))
         # Gloo's collectives on CUDA tensors sync with the host, so they cannot be captured
         # into a real graph: that world emulates its graphs over the CUDA tensors.
-        Worker(rank, channel, group, trace_dir, device,
-               emulated_graphs=args.backend != "nccl").serve()
+        told_to_exit = Worker(rank, channel, group, trace_dir, device,
+                              emulated_graphs=args.backend != "nccl").serve()
     except Exception:  # noqa: BLE001 - the driver reports it with the rank
         try:
             channel.send(("crash", rank, traceback.format_exc()))
@@ -229,8 +230,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         channel.close()
-    # A clean exit without destroying the group: peers may already be gone.
-    os._exit(0)
+    # Without destroying the group: peers may already be gone. A world ended without "exit"
+    # leaves a failed worker, which a multi-node agent restarts for the next world.
+    os._exit(0 if told_to_exit else 3)
 
 
 if __name__ == "__main__":
