@@ -16,8 +16,7 @@ from harness.check.judge import judge
 from harness.errors import ConfigError
 from harness.scenario import scenario_from_dict
 from harness.timeouts import Timeouts
-from harness.world.multinode import shared_control_key
-from harness.world.nodes import node_spec
+from harness.world.nodes import node_spec, shared_control_key
 from harness.world.wire import CONTROL_KEY_ENV
 
 TIMEOUTS = Timeouts(collective_s=3.0, hang_s=5.0, step_deadline_s=10.0)
@@ -102,8 +101,9 @@ def test_two_agents_on_loopback_make_one_dp_world_that_rebuilds_after_a_killed_r
     assert _gone_within(first.values(), GRACE_S) == []
     agents = list(two_nodes.agent_pids().values())
     workers = list(two_nodes._pids.values())
+    launchers = [two_nodes._proc.pid, *two_nodes.node_launchers()]
     assert two_nodes.close() == []
-    assert _gone_within(agents + workers + two_nodes.node_launchers(), GRACE_S) == []
+    assert _gone_within(agents + workers + launchers, GRACE_S) == []
 
 
 @pytest.mark.dist
@@ -111,8 +111,11 @@ def test_two_agents_on_loopback_make_one_dp_world_that_rebuilds_after_a_killed_r
 def test_a_node_whose_agent_is_killed_mid_run_is_named_and_nothing_outlives_the_world(
         two_nodes):
     assert judge(two_nodes.run(scenario())).ok
-    own = two_nodes._proc.pid
-    node, other = next((n, pid) for n, pid in two_nodes.agent_pids().items() if pid != own)
+    # The other node's agent: the one its node launcher (not this driver's) started.
+    launchers = set(two_nodes.node_launchers())
+    node, other = next((n, pid) for n, pid in two_nodes.agent_pids().items()
+                       if psutil.Process(pid).ppid() in launchers)
+    own = [two_nodes._proc.pid, *(p for p in two_nodes.agent_pids().values() if p != other)]
     workers = list(two_nodes._pids.values())
     # No fault of the scenario's own: a long run, and the other node's agent dies in it.
     killer = threading.Timer(1.0, os.kill, (other, signal.SIGKILL))
@@ -130,4 +133,4 @@ def test_a_node_whose_agent_is_killed_mid_run_is_named_and_nothing_outlives_the_
     verdict = next(v for _, v in judge(history).failed_verdicts() if v.checker == "errors")
     assert "NodeLost" in verdict.detail, verdict.detail
     assert two_nodes.close() == []
-    assert _gone_within([own, other, *workers, *two_nodes.node_launchers()], GRACE_S) == []
+    assert _gone_within([*own, other, *workers, *launchers], GRACE_S) == []

@@ -6,19 +6,19 @@ node command on each machine instead.
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from harness.timeouts import DEFAULT_TIMEOUTS, Timeouts
 from harness.world.multinode import MultiNodeWorld
-from harness.world.nodes import node_spec
-from harness.world.processes import package_pythonpath, wait_or_signal
-from harness.world.wire import CONTROL_KEY_ENV, new_control_key
+from harness.world.nodes import node_command, node_environment, node_spec
+from harness.world.processes import wait_or_signal
+from harness.world.wire import new_control_key
 
 STOP_GRACE_S = 15.0
 
@@ -46,19 +46,14 @@ class LoopbackMultiNodeWorld(MultiNodeWorld):
         super().start()
 
     def _start_others(self) -> None:
-        env = dict(os.environ, PYTHONPATH=package_pythonpath(),
-                   **{CONTROL_KEY_ENV: self.key.hex()})
         for rank in range(1, self.spec.nnodes):
+            command = node_command(sys.executable, replace(self.spec, node_rank=rank),
+                                   self.nproc_per_node, self.timeouts.collective_s)
             self._others.append(subprocess.Popen(
-                [sys.executable, "-m", "harness.world.node", "--nnodes",
-                 str(self.spec.nnodes), "--node-rank", str(rank), "--rdzv-endpoint",
-                 self.spec.endpoint, "--nproc", str(self.nproc_per_node),
-                 "--collective-timeout", str(self.timeouts.collective_s)],
-                env=env, stdin=subprocess.DEVNULL, stdout=self._log(rank),
-                stderr=subprocess.STDOUT, start_new_session=True))
+                command, env=node_environment(self.key), stdin=subprocess.DEVNULL,
+                stdout=self._log(rank), stderr=subprocess.STDOUT, start_new_session=True))
 
     def _log(self, rank: int):
-        # Beside this node's agent log, so a failed world's evidence dir holds every node's.
         path = Path(tempfile.gettempdir()) / f"dbo-loopback-{self.spec.rdzv_port}-node{rank}.log"
         self.node_logs.append(path)
         return path.open("ab")
@@ -71,6 +66,9 @@ class LoopbackMultiNodeWorld(MultiNodeWorld):
             wait_or_signal(proc, 0.0, signal.SIGTERM)
             wait_or_signal(proc, STOP_GRACE_S, signal.SIGKILL)
         self._others = []
+        for path in self.node_logs:
+            path.unlink(missing_ok=True)
+        self.node_logs = []
 
     def close(self) -> list[int]:
         survivors = super().close()

@@ -6,12 +6,12 @@ A world is rebuilt the torchrun way: the driver closes every control connection 
 its own node's workers; every worker watches its connection and exits when it closes, each
 agent restarts its workers (a new rendezvous round, `--max-restarts`), and they connect to
 the next world's driver address, published in the rendezvous store. The driver's own agent
-lives until `close()`. A node all of whose ranks are lost at once is named `NodeLost`.
+lives until `close()`. A node all of whose ranks are lost at once is named `NodeLost`. Every
+node's launcher stops its agent once this driver is gone (harness/world/heartbeat.py).
 """
 
 from __future__ import annotations
 
-import os
 import secrets
 import shutil
 import signal
@@ -27,37 +27,26 @@ import psutil
 from harness.errors import ConfigError
 from harness.history.step_error import StepError
 from harness.timeouts import DEFAULT_TIMEOUTS, Timeouts
-from harness.world.control_server import ControlServer
 from harness.world.evidence import rank_evidence
+from harness.world.heartbeat import DriverBeat
+from harness.world.launch import WorldError, launch_world
 from harness.world.nodes import (
     DriverAddress,
     NodeSpec,
     WorkerNode,
     advertised_host,
-    agent_command,
+    node_command,
+    node_environment,
     node_lost,
     publish_driver,
+    shared_control_key,
 )
-from harness.world.processes import kill_all, package_pythonpath, wait_or_signal
-from harness.world.torchrun import STOP_TIMEOUT_S, TorchrunWorld, WorldError
-from harness.world.wire import CONTROL_KEY_ENV, ChannelClosed
+from harness.world.processes import kill_all, wait_or_signal
+from harness.world.torchrun import STOP_TIMEOUT_S, TorchrunWorld
+from harness.world.wire import ChannelClosed
 
 EXIT_GRACE_S = 10.0
 BUILD_ATTEMPTS = 3  # for every worker to leave on "exit" and its agent to end
-
-
-def shared_control_key() -> bytes:
-    """Every node's workers must hold the key, so a multi-node world takes it from the
-    environment (set on every node, e.g. from the cluster's secret store), never a flag."""
-    value = os.environ.get(CONTROL_KEY_ENV, "")
-    try:
-        key = bytes.fromhex(value)
-    except ValueError:
-        key = b""
-    if len(key) < 16:
-        raise ConfigError("control_key", f"a multi-node world needs {CONTROL_KEY_ENV} set to "
-                          "the same hex secret (16 bytes or more) on every node")
-    return key
 
 
 class MultiNodeWorld(TorchrunWorld):
@@ -74,6 +63,7 @@ class MultiNodeWorld(TorchrunWorld):
         self.host = advertised_host(spec)
         self._nodes: dict[int, WorkerNode] = {}
         self._agent_dir: Path | None = None
+        self._beat: DriverBeat | None = None
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -94,31 +84,28 @@ class MultiNodeWorld(TorchrunWorld):
         if self._agent_dir is None:
             self._agent_dir = Path(tempfile.mkdtemp(prefix="dbo-node-"))
         self._dir = self._agent_dir
-        server = ControlServer(self.key, host=self.host)  # beyond loopback only if asked
-        self.listening_port = server.port
         try:
-            if not self.alive:
-                self._start_agent()
-            publish_driver(self.spec, DriverAddress(self.host, server.port,
-                                                    secrets.token_hex(6)))
-            self.launches += 1
-            try:
-                self._accept(server)
-            except (ChannelClosed, TimeoutError) as exc:
-                # A worker its agent restarted between hello and ready: build again.
-                raise WorldError(f"a worker left while the world was forming ({exc})") from exc
+            # Beyond loopback only when the rendezvous is.
+            launch_world(self, self.key, self.host, self._launch)
         except WorldError:
             self._end_world()
             raise
+        except (ChannelClosed, TimeoutError) as exc:
+            # A worker its agent restarted between hello and ready: build again.
+            self._end_world()
+            raise WorldError(f"a worker left while the world was forming ({exc})") from exc
         except BaseException:
             self.close()
             raise
-        finally:
-            self.strangers_dropped += server.dropped
-            server.close()
-            self.listening_port = None
         # Workers a later restart brings up wait for the next world's address.
         publish_driver(self.spec, None)
+        if self._beat is None:  # the store is up now: the agents see this driver live
+            self._beat = DriverBeat(self.spec.rdzv_host, self.spec.rdzv_port)
+
+    def _launch(self, port: int) -> None:
+        if not self.alive:
+            self._start_agent()
+        publish_driver(self.spec, DriverAddress(self.host, port, secrets.token_hex(6)))
 
     def run(self, scenario):
         if not self._channels:  # the agents outlive a world: rebuild when its ranks are gone
@@ -126,16 +113,15 @@ class MultiNodeWorld(TorchrunWorld):
         return super().run(scenario)
 
     def _start_agent(self) -> None:
+        """This node's agent, through the node launcher every node runs; it watches this
+        driver's pid and stops the agent when the driver is gone."""
         assert self._agent_dir is not None
-        worker_args = ["--trace-dir", str(self._agent_dir), "--backend", self.backend,
-                       "--device", self.device, "--collective-timeout",
-                       str(self.timeouts.collective_s)]
-        cmd = agent_command(sys.executable, self.spec, self.nproc_per_node, worker_args)
         log = open(self._agent_dir / "torchrun.log", "ab")  # noqa: SIM115 - lives with the agent
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=package_pythonpath(),
-                   **{CONTROL_KEY_ENV: self.key.hex()})
-        self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                      stdin=subprocess.DEVNULL, start_new_session=True)
+        self._proc = subprocess.Popen(
+            node_command(sys.executable, self.spec, self.nproc_per_node,
+                         self.timeouts.collective_s, self.device, self._agent_dir),
+            stdout=log, stderr=subprocess.STDOUT, env=node_environment(self.key),
+            stdin=subprocess.DEVNULL, start_new_session=True)
 
     def _hello(self, rank: int, rest: tuple) -> None:
         if rest:
@@ -151,9 +137,12 @@ class MultiNodeWorld(TorchrunWorld):
         return survivors
 
     def close(self) -> list[int]:
-        """Every worker is told to exit (its agent then ends), then this node's agent is
-        stopped; returns what of this host's world is still alive (must be nothing)."""
-        pids = self._local_pids()
+        """Every worker is told to exit (its agent then ends), then this node's launcher and
+        agent are stopped; returns what of this host's world is still alive (must be
+        nothing)."""
+        if self._beat is not None:  # first, while the store is up: no thread left in it
+            self._beat.stop()
+        pids = self._local_pids() + self._local_agents()
         for channel in self._channels.values():
             try:
                 channel.send(("exit",))
@@ -170,6 +159,7 @@ class MultiNodeWorld(TorchrunWorld):
             time.sleep(0.1)
         survivors = kill_all(pids)
         self._channels, self._pids, self._proc, self._nodes = {}, {}, None, {}
+        self._beat = None
         if self._agent_dir is not None:
             shutil.rmtree(self._agent_dir, ignore_errors=True)
             self._agent_dir = self._dir = None
@@ -180,6 +170,10 @@ class MultiNodeWorld(TorchrunWorld):
     def _on_this_host(self, rank: int) -> bool:
         node = self._nodes.get(rank)
         return node is not None and node.host == socket.gethostname()
+
+    def _local_agents(self) -> list[int]:
+        return sorted({node.agent_pid for rank, node in self._nodes.items()
+                       if self._on_this_host(rank)})
 
     def _local_pids(self) -> list[int]:
         """Workers this driver can signal: those on this host (every node, on loopback)."""

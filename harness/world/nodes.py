@@ -19,11 +19,14 @@ from datetime import timedelta
 
 from harness.errors import ConfigError, ErrorOrigin
 from harness.history.step_error import StepError
+from harness.world.processes import package_pythonpath
+from harness.world.wire import CONTROL_KEY_ENV
 
 CONTROL_STORE_KEY = "dbo-harness/control"
 RDZV_ID = "dbo-harness"
 MAX_REBUILDS = 100  # torchrun's --max-restarts: each rebuild of the world is one restart
 STORE_TIMEOUT_S = 30.0
+DRIVER_NODE_S = 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -72,13 +75,45 @@ def node_spec(nnodes: int, node_rank: int, endpoint: str | None,
     return NodeSpec(nnodes, node_rank, host, int(port), rdzv_id)
 
 
+def shared_control_key() -> bytes:
+    """Every node's workers must hold the key, so a multi-node world takes it from the
+    environment (set on every node, e.g. from the cluster's secret store), never a flag."""
+    value = os.environ.get(CONTROL_KEY_ENV, "")
+    try:
+        key = bytes.fromhex(value)
+    except ValueError:
+        key = b""
+    if len(key) < 16:
+        raise ConfigError("control_key", f"a multi-node world needs {CONTROL_KEY_ENV} set to "
+                          "the same hex secret (16 bytes or more) on every node")
+    return key
+
+
 def agent_command(python: str, spec: NodeSpec, nproc: int, worker_args: list[str]) -> list[str]:
     """This node's torchrun agent: c10d rendezvous, rebuilds as torchrun restarts."""
     return [python, "-m", "torch.distributed.run", f"--nnodes={spec.nnodes}",
             f"--node-rank={spec.node_rank}", f"--nproc-per-node={nproc}",
             "--rdzv-backend=c10d", f"--rdzv-endpoint={spec.endpoint}",
             f"--rdzv-id={spec.rdzv_id}", f"--max-restarts={MAX_REBUILDS}",
+            # On loopback every agent matches the endpoint's host: node 0 hosts the store.
+            *([f"--rdzv-conf=is_host={int(spec.node_rank == 0)}"] if spec.loopback else []),
             "-m", "harness.world.worker", "--control-store", spec.endpoint, *worker_args]
+
+
+def node_command(python: str, spec: NodeSpec, nproc: int, collective_s: float,
+                 device: str = "cpu", trace_dir=None) -> list[str]:
+    """A node the driver starts on its own host (its own, or every node on loopback): the
+    node launcher, watching the driver's pid; bounded by the driver's life (and a day)."""
+    return [python, "-m", "harness.world.node", f"--nnodes={spec.nnodes}",
+            f"--node-rank={spec.node_rank}", f"--rdzv-endpoint={spec.endpoint}",
+            f"--nproc={nproc}", f"--collective-timeout={collective_s}", f"--device={device}",
+            f"--driver-pid={os.getpid()}", f"--seconds={DRIVER_NODE_S:.0f}",
+            *([f"--trace-dir={trace_dir}"] if trace_dir is not None else [])]
+
+
+def node_environment(key: bytes) -> dict[str, str]:
+    """A node launcher's environment: this package, and the world's key (never a flag)."""
+    return dict(os.environ, PYTHONPATH=package_pythonpath(), **{CONTROL_KEY_ENV: key.hex()})
 
 
 def advertised_host(spec: NodeSpec) -> str:
@@ -126,6 +161,18 @@ def driver_address(endpoint: str, timeout_s: float) -> DriverAddress:
     text = store.get(CONTROL_STORE_KEY).decode()
     h, p, launch = text.split(" ")
     return DriverAddress(h, int(p), launch)
+
+
+def world_group_args(launch: str, timeout_s: float) -> dict:
+    """`init_process_group`'s store for one world. The agents' TCPStore outlives their
+    rendezvous rounds, so without a prefix of its own a rank of the next world reads gloo's
+    addresses of the last one (a connect to a dead port: the rebuild failed on it)."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          is_master=False, timeout=timedelta(seconds=timeout_s))
+    return {"store": dist.PrefixStore(f"dbo-harness/world-{launch}", store),
+            "rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"])}
 
 
 def peer_closed(fd: int) -> bool:

@@ -26,7 +26,6 @@ from harness.scenario import Scenario
 from harness.timeouts import DEFAULT_TIMEOUTS, Timeouts
 from harness.world.agent_launch import STOP_TIMEOUT_S, AgentLaunch, launch_agent, spares_by_default
 from harness.world.backends import check_backend
-from harness.world.control_server import ControlServer
 from harness.world.evidence import (
     fatal_error,
     last_collective,
@@ -34,14 +33,11 @@ from harness.world.evidence import (
     rank_evidence,
 )
 from harness.world.gpus import pids_holding_gpu_memory
+from harness.world.launch import LAUNCH_TIMEOUT_S, WorldError, accept_workers
 from harness.world.processes import kill_all, wait_or_signal
 from harness.world.wire import Channel, ChannelClosed
 
-LAUNCH_TIMEOUT_S = 90.0  # torchrun start plus `import torch` in every worker
-
-
-class WorldError(RuntimeError):
-    """The world could not be started (torchrun failed, or workers never connected)."""
+__all__ = ["LAUNCH_TIMEOUT_S", "STOP_TIMEOUT_S", "TorchrunWorld", "WorldError"]
 
 
 class TorchrunWorld:
@@ -89,7 +85,7 @@ class TorchrunWorld:
         self.listening_port = launch.server.port
         self.launches += 1
         try:
-            self._accept(launch.server)
+            accept_workers(self, launch.server)
         except BaseException:
             self.close()
             raise
@@ -111,31 +107,6 @@ class TorchrunWorld:
             spare.discard()
             return None
         return spare
-
-    def _accept(self, server: ControlServer) -> None:
-        """Every worker, authenticated, says hello, then that it joined the group."""
-        deadline = time.monotonic() + LAUNCH_TIMEOUT_S
-
-        def launcher_alive() -> None:
-            if not self.alive:
-                raise WorldError(f"torchrun exited with {self._proc.returncode} before every "
-                                 f"worker connected:\n{self._log_tail()}")
-
-        while len(self._channels) < self.nproc:
-            try:
-                channel = server.accept(deadline, launcher_alive)
-            except TimeoutError:
-                raise WorldError(f"only {len(self._channels)} of {self.nproc} workers "
-                                 f"connected within {LAUNCH_TIMEOUT_S:.0f} s") from None
-            hello = channel.recv(timeout_s=30)
-            rank, pid = hello[1], hello[2]
-            self._channels[rank], self._pids[rank] = channel, pid
-            self._hello(rank, hello[3:])
-        for rank, channel in self._channels.items():
-            message = channel.recv(timeout_s=max(1.0, deadline - time.monotonic()))
-            if message[0] != "ready":
-                raise WorldError(f"rank {rank} failed to join the process group:\n"
-                                 f"{message[-1]}")
 
     def _hello(self, rank: int, rest: tuple) -> None:
         """What else a worker says of itself (a multi-node world notes its node)."""

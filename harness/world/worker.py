@@ -33,7 +33,7 @@ from harness.timeouts import Timeouts
 from harness.world import wire
 from harness.world.collector import collector_paused
 from harness.world.gpus import GpuLayout, shared_gpu_environment, visible_gpus
-from harness.world.nodes import driver_address, peer_closed, worker_node
+from harness.world.nodes import driver_address, peer_closed, worker_node, world_group_args
 from harness.world.parent_death import die_with_parent
 
 WATCHDOG_PERIOD_S = 0.5
@@ -82,21 +82,23 @@ def wait_for_every_rank(world_size: int, name: str = "harness-arrived") -> None:
         time.sleep(0.01)
 
 
-def join_group(backend: str, device_type: str, timeout_s: float) -> str:
+def join_group(backend: str, device_type: str, timeout_s: float,
+               group_args: dict | None = None) -> str:
     """Join the world's group; the device this rank's tensors live on.
 
     With nccl the DP sync's CPU matrix goes over gloo and the expert all-to-alls (captured
     into real CUDA graphs) over NCCL, on one group. Each rank owns GPU LOCAL_RANK when there
     are enough GPUs; otherwise the ranks share them round-robin, each with its own NCCL host
     identity (harness/world/gpus.py). With gloo on CUDA the ranks share the visible GPUs
-    round-robin too (gloo needs no identity).
+    round-robin too (gloo needs no identity). `group_args`: a store of this world's own
+    (multi-node, harness/world/nodes.py).
     """
     import torch
 
     timeout = timedelta(seconds=timeout_s)
     local_rank = int(os.environ["LOCAL_RANK"])
     if backend != "nccl":
-        dist.init_process_group(backend, timeout=timeout)
+        dist.init_process_group(backend, timeout=timeout, **(group_args or {}))
         if device_type == "cpu":
             return "cpu"
         index = local_rank % torch.cuda.device_count()
@@ -109,7 +111,8 @@ def join_group(backend: str, device_type: str, timeout_s: float) -> str:
                                                  os.environ.get("NCCL_SOCKET_IFNAME")))
     device = torch.device("cuda", layout.gpu_of(local_rank))
     torch.cuda.set_device(device)
-    dist.init_process_group("cpu:gloo,cuda:nccl", timeout=timeout, device_id=device)
+    dist.init_process_group("cpu:gloo,cuda:nccl", timeout=timeout, device_id=device,
+                            **(group_args or {}))
     # NCCL connects a pair of ranks at their first exchange, and the call that issues it
     # blocks until the peer makes it too: connect every pair now, while every rank is here,
     # not in a step a peer may skip (measured: an unbounded hang in the issuing thread).
@@ -130,14 +133,15 @@ class Worker:
         self.emulated_graphs = emulated_graphs
         self.runtimes: dict[tuple, tuple[RankRuntime, object]] = {}
 
-    def serve(self) -> None:
+    def serve(self) -> bool:
+        """Run what the driver sends; True when it said exit, False when it went away."""
         while True:
             try:
                 message = self.channel.recv()
             except wire.ChannelClosed:
-                return
+                return False
             if message[0] == "exit":
-                return
+                return True
             if message[0] == "run":
                 with collector_paused():
                     self.run(message[1], Timeouts(**message[2]))
@@ -201,11 +205,12 @@ def main(argv: list[str] | None = None) -> int:
     # stacks there too, for the driver to name how the rank died.
     faulthandler.enable(file=stacks, all_threads=True)
 
-    arrival = "harness-arrived"
+    arrival, group_args = "harness-arrived", None
     if args.control_store is not None:
         address = driver_address(args.control_store, ARRIVAL_TIMEOUT_S)
         arrival = f"harness-arrived-{address.launch}"  # one count per world the driver builds
         host, port = address.host, address.port
+        group_args = world_group_args(address.launch, ARRIVAL_TIMEOUT_S)
     else:
         host, port = args.control.rsplit(":", 1)
     channel = wire.connect(host, int(port), wire.key_from_environment())
@@ -215,13 +220,13 @@ def main(argv: list[str] | None = None) -> int:
     channel.send(("hello", rank, os.getpid(), worker_node(trace_dir)))
     try:
         wait_for_every_rank(int(os.environ["WORLD_SIZE"]), arrival)
-        device = join_group(args.backend, args.device, args.collective_timeout)
+        device = join_group(args.backend, args.device, args.collective_timeout, group_args)
         group = dist.group.WORLD
         channel.send(("ready", rank))
         # Gloo's collectives on CUDA tensors sync with the host, so they cannot be captured
         # into a real graph: that world emulates its graphs over the CUDA tensors.
-        Worker(rank, channel, group, trace_dir, device,
-               emulated_graphs=args.backend != "nccl").serve()
+        told_to_exit = Worker(rank, channel, group, trace_dir, device,
+                              emulated_graphs=args.backend != "nccl").serve()
     except Exception:  # noqa: BLE001 - the driver reports it with the rank
         try:
             channel.send(("crash", rank, traceback.format_exc()))
@@ -230,8 +235,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         channel.close()
-    # A clean exit without destroying the group: peers may already be gone.
-    os._exit(0)
+    # Without destroying the group: peers may already be gone. A world ended without "exit"
+    # leaves a failed worker, which a multi-node agent restarts for the next world.
+    os._exit(0 if told_to_exit else 3)
 
 
 if __name__ == "__main__":
