@@ -5,6 +5,8 @@ harness's own; where the harness decided, the plain oracle of docs/spec.md (spec
 from __future__ import annotations
 
 import functools
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -43,13 +45,12 @@ def reference_rows(scenario: Scenario) -> list[ReferenceRows]:
     config = scenario.config
     judge_by = reference_config(config)  # another system's decisions are held to these
     base = base_config(config)
-    requests = scenario.requests()
+    requests = functools.cache(scenario.requests)  # built only when a rank's rows are
     rows = []
-    for i in range(len(requests)):
-        # Each rank's rows depend only on its own requests so far (docs/spec.md §7: the
-        # reference runs rank by rank), so a rank's history seen before is not recomputed.
-        ranks = [_rank_reference(config, rank, tuple(tuple(step[rank])
-                                                     for step in requests[:i + 1]))
+    for i in range(len(scenario.steps)):
+        ranks = [_rank_reference(config, rank, tuple(step[rank].query_lens
+                                                     for step in scenario.steps[:i + 1]),
+                                 requests)
                  for rank in range(config.dp_size)]
         batches = scenario.batches(i)
         plans = None if judge_by is None else tuple(plan_without_world(judge_by, batches))
@@ -79,25 +80,37 @@ class _RankReference:
     routes: tuple[tuple[Route, ...], ...]
 
 
+# The plain model computes a rank's rows from that rank's requests and state alone
+# (`reference_step` runs rank by rank), and a rank's requests follow from the config, the
+# rank and its query lengths so far (`Scenario.requests`): a rank's history seen before is
+# not computed again. Bounded, least recently used out first.
+_MEMO: OrderedDict[tuple, _RankReference] = OrderedDict()
+MEMO_SIZE = 4096
+
+
+def _rank_reference(config: HarnessConfig, rank: int, lens: tuple[tuple[int, ...], ...],
+                    requests: Callable[[], list[list[list[RequestSpec]]]]) -> _RankReference:
+    """Rank `rank`'s reference after the steps whose query lengths `lens` lists: the plain
+    model over this rank's requests alone, every other rank idle."""
+    key = (config, rank, lens)
+    if key in _MEMO:
+        _MEMO.move_to_end(key)
+        return _MEMO[key]
+    step = len(lens) - 1
+    state = (_rank_reference(config, rank, lens[:-1], requests).state_tensor if step
+             else initial_state(config, rank))
+    batches: list[list[RequestSpec]] = [[] for _ in range(config.dp_size)]
+    batches[rank] = requests()[step][rank]
+    states = [state] * config.dp_size  # reference_step clones each; idle ranks change none
+    ref = reference_step(config, _weights(config), batches, states)
+    _MEMO[key] = found = _RankReference(
+        rows_of(ref.outputs[rank]), rows_of(ref.states[rank]), ref.states[rank],
+        tuple(tuple(ref.routes[dest].elements()) for dest in range(config.dp_size)))
+    if len(_MEMO) > MEMO_SIZE:
+        _MEMO.popitem(last=False)
+    return found
+
+
 @functools.lru_cache(maxsize=16)
 def _weights(config: HarnessConfig) -> MoEWeights:
     return MoEWeights.build(config)
-
-
-@functools.lru_cache(maxsize=4096)
-def _rank_reference(config: HarnessConfig, rank: int,
-                    history: tuple[tuple[RequestSpec, ...], ...]) -> _RankReference:
-    """Rank `rank`'s reference after the steps of `history` (its requests per step): the
-    plain model over this rank's requests alone, every other rank idle."""
-    if len(history) > 1:
-        state = _rank_reference(config, rank, history[:-1]).state_tensor
-    else:
-        state = initial_state(config, rank)
-    batches: list[list[RequestSpec]] = [[] for _ in range(config.dp_size)]
-    batches[rank] = list(history[-1])
-    states = [state] * config.dp_size  # reference_step clones each; idle ranks change none
-    ref = reference_step(config, _weights(config), batches, states)
-    return _RankReference(rows_of(ref.outputs[rank]), rows_of(ref.states[rank]),
-                          ref.states[rank],
-                          tuple(tuple(ref.routes[dest].elements())
-                                for dest in range(config.dp_size)))
