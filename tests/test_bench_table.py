@@ -23,9 +23,10 @@ def test_the_table_prints_each_rows_shares_in_percent(capsys):
     assert next(line for line in lines if line.startswith("floor")).split()[6] == "-"
 
 
-def test_a_batch_size_below_one_is_one_line_naming_the_flag_and_exit_2(capsys):
+@pytest.mark.parametrize("size", ["0", "17"])
+def test_a_batch_size_out_of_range_is_one_line_naming_the_flag_and_exit_2(capsys, size):
     with pytest.raises(SystemExit) as exit_info:
-        main(["--batch", "0"])
+        main(["--batch", size])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "--batch" in err[-1] and "Traceback" not in "\n".join(err)

@@ -26,7 +26,7 @@ from harness.check.judge import judge
 from harness.check.stream import judge_stream
 from harness.scenario import Scenario, scenario_from_dict
 from harness.timeouts import Timeouts
-from harness.world.batches import BATCH_SIZE
+from harness.world.batches import BATCH_SIZE, MAX_BATCH
 from harness.world.processes import package_pythonpath
 from harness.world.sandbox import SandboxedSimWorld
 from harness.world.sim import SimWorld
@@ -179,8 +179,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="examples through each DP 4 layout (0: skip those rows)")
     args = parser.parse_args(argv)
 
-    if args.batch < 1:
-        parser.error(f"--batch: examples per round trip must be at least 1, not {args.batch}")
+    if not 1 <= args.batch <= MAX_BATCH:
+        parser.error(f"--batch: examples per round trip must be 1 to {MAX_BATCH}, not "
+                     f"{args.batch}")
     examples = decode_examples(args.examples)
     if args.sim_only:
         print_rows(sim_rows(examples), None)

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
+from harness.errors import ConfigError
 from harness.history.records import StepRecord
 from harness.history.scenario_history import ScenarioHistory
 from harness.scenario import Scenario
@@ -27,12 +28,18 @@ if TYPE_CHECKING:
     from harness.world.torchrun import TorchrunWorld
 
 BATCH_SIZE = 8
+# Batches unread by a busy rank wait in its socket buffer (128 KiB by default on Linux);
+# were it to fill, the driver's send and the rank's next record would wait on each other.
+MAX_BATCH = 16
 IN_FLIGHT = 2  # batches sent ahead, so the ranks find the next one waiting
 SLACK_S = 5.0  # past a scenario's step deadlines, for its message to arrive
 
 
 def run_batched(world: TorchrunWorld, scenarios: Iterable[Scenario],
                 batch_size: int = BATCH_SIZE) -> Iterator[ScenarioHistory]:
+    if not 1 <= batch_size <= MAX_BATCH:
+        raise ConfigError("batch_size", f"{batch_size} scenarios per round trip; give 1 to "
+                          f"{MAX_BATCH}")
     pending = deque(scenarios)
     sent: deque[Scenario] = deque()  # in a batch, records not yet collected, in order
     try:
