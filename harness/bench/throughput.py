@@ -23,8 +23,10 @@ from dataclasses import dataclass
 
 from harness.bench.detection import detection_rows, print_detection, random_seeds
 from harness.check.judge import judge
+from harness.check.stream import judge_stream
 from harness.scenario import Scenario, scenario_from_dict
 from harness.timeouts import Timeouts
+from harness.world.batches import BATCH_SIZE, MAX_BATCH
 from harness.world.processes import package_pythonpath
 from harness.world.sandbox import SandboxedSimWorld
 from harness.world.sim import SimWorld
@@ -40,6 +42,9 @@ class Row:
     examples: int
     seconds: float
     note: str = ""
+    # Shares of the wall time: the slowest rank's steps, the driver's CPU (reference,
+    # checks, decoding, sending), and the rest (the wire: messages in flight, ranks idle).
+    shares: tuple[float, float, float] | None = None
 
     @property
     def per_second(self) -> float:
@@ -58,24 +63,37 @@ def decode_examples(count: int, seed: int = 0) -> list[Scenario]:
             for i in range(count)]
 
 
-def persistent(examples: list[Scenario]) -> tuple[Row, dict[str, float]]:
+def persistent(examples: list[Scenario], batch_size: int = 0
+               ) -> tuple[Row, dict[str, float]]:
+    """One world fed every example: one per round trip (`batch_size` 0), or `batch_size`
+    per round trip, judged while the ranks run the next ones."""
     with TorchrunWorld(2, timeouts=Timeouts()) as world:
         world.start()
         world.run(examples[0])  # capture happens once per config
         kinds: dict[str, int] = {}
         worker_s = []
-        start = time.perf_counter()
-        for example in examples:
-            result = judge(world.run(example))
+        start, cpu = time.perf_counter(), time.process_time()
+        if batch_size:
+            results = judge_stream(world.run_many(examples, batch_size), world.run)
+        else:
+            results = (judge(world.run(example)) for example in examples)
+        for result in results:
             assert result.ok, result.failed_verdicts()
             records = result.steps[0].records
             worker_s.append(max(r.seconds for r in records))
             kind = records[0].executed
             kinds[kind] = kinds.get(kind, 0) + 1
-        elapsed = time.perf_counter() - start
+        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     mix = ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
-    return (Row("persistent world", len(examples), elapsed, mix),
-            {"rank step (ms, median)": 1000 * statistics.median(worker_s)})
+    mode = (f"persistent world, batches of {batch_size}, pipelined" if batch_size
+            else "persistent world, one example per round trip")
+    return (Row(mode, len(examples), elapsed, mix, _shares(elapsed, sum(worker_s), cpu)),
+            {f"rank step (ms, median), {mode}": 1000 * statistics.median(worker_s)})
+
+
+def _shares(elapsed: float, ranks_s: float, driver_s: float) -> tuple[float, float, float]:
+    ranks, driver = ranks_s / elapsed, driver_s / elapsed
+    return ranks, driver, max(0.0, 1.0 - ranks - driver)
 
 
 def spawn_per_example(examples: list[Scenario]) -> Row:
@@ -122,12 +140,17 @@ def sim_rows(examples: list[Scenario], rounds: int = 4) -> list[Row]:
 
 
 def print_rows(rows: list[Row], floor: Row | None) -> None:
-    print(f"{'mode':42} {'examples':>8} {'seconds':>8} {'examples/s':>10} {'ms/example':>10} "
-          f"{'x floor':>8}  mix")
+    print(f"{'mode':48} {'examples':>8} {'seconds':>8} {'examples/s':>10} {'ms/example':>10} "
+          f"{'x floor':>8} {'ranks/driver/wire %':>19}  mix")
     for row in rows:
         times = f"{row.ms_per_example / floor.ms_per_example:8.1f}" if floor else f"{'-':>8}"
-        print(f"{row.mode:42} {row.examples:>8} {row.seconds:8.2f} {row.per_second:10.1f} "
-              f"{row.ms_per_example:10.2f} {times}  {row.note}")
+        shares = ("/".join(f"{100 * s:.0f}" for s in row.shares) if row.shares else "-")
+        print(f"{row.mode:48} {row.examples:>8} {row.seconds:8.2f} {row.per_second:10.1f} "
+              f"{row.ms_per_example:10.2f} {times} {shares:>19}  {row.note}")
+    if any(row.shares for row in rows):
+        print("ranks/driver/wire: shares of the wall time taken by the slowest rank's steps, "
+              "by the driver's CPU (reference, checks, records, sockets; pipelined, it "
+              "overlaps the ranks), and the rest (messages in flight, ranks waiting)")
 
 
 def _env() -> dict[str, str]:
@@ -140,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.bench")
     parser.add_argument("--examples", type=int, default=400)
     parser.add_argument("--spawned", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=BATCH_SIZE,
+                        help="examples per round trip in the batched persistent row")
     parser.add_argument("--detection-seeds", type=int, default=3,
                         help="fresh random seeds per variant for time to detection")
     parser.add_argument("--detection-budget", type=float, default=60.0, metavar="S")
@@ -154,12 +179,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="examples through each DP 4 layout (0: skip those rows)")
     args = parser.parse_args(argv)
 
+    if not 1 <= args.batch <= MAX_BATCH:
+        parser.error(f"--batch: examples per round trip must be 1 to {MAX_BATCH}, not "
+                     f"{args.batch}")
     examples = decode_examples(args.examples)
     if args.sim_only:
         print_rows(sim_rows(examples), None)
         return 0
     if not args.detection_only:
-        print_throughput(examples, args.spawned)
+        print_throughput(examples, args.spawned, args.batch)
         if args.dp4_examples:
             from harness.bench.multinode import dp4_rows, print_dp4
 
@@ -173,12 +201,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def print_throughput(examples: list[Scenario], spawned_count: int) -> None:
+def print_throughput(examples: list[Scenario], spawned_count: int,
+                     batch_size: int = BATCH_SIZE) -> None:
     floor = collective_floor(len(examples))
-    steady, extra = persistent(examples)
+    batched, extra = persistent(examples, batch_size)
+    steady, extra_one = persistent(examples)
     spawned = spawn_per_example(examples[:spawned_count])
-    print_rows([steady, spawned, floor, *sim_rows(examples)], floor)
-    for name, value in extra.items():
+    print_rows([batched, steady, spawned, floor, *sim_rows(examples)], floor)
+    for name, value in {**extra, **extra_one}.items():
         print(f"{name}: {value:.2f}")
 
 

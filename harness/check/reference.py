@@ -4,14 +4,19 @@ harness's own; where the harness decided, the plain oracle of docs/spec.md (spec
 
 from __future__ import annotations
 
+import functools
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+
 from harness.check.spec_decision import spec_plans
-from harness.config import DecisionSystem
+from harness.config import DecisionSystem, HarnessConfig
 from harness.history.decision import StepPlan
 from harness.history.records import Route, Rows, rows_of
 from harness.model.reference import reference_step
-from harness.model.state import initial_state
+from harness.model.state import RequestSpec, initial_state
 from harness.model.weights import MoEWeights
 from harness.scenario import Scenario
 from harness.sut.step_plan import plan_without_world
@@ -38,24 +43,74 @@ class ReferenceRows:
 def reference_rows(scenario: Scenario) -> list[ReferenceRows]:
     """The single-process reference of every step, each from the previous step's state."""
     config = scenario.config
-    weights = MoEWeights.build(config)
-    states = [initial_state(config, rank) for rank in range(config.dp_size)]
     judge_by = reference_config(config)  # another system's decisions are held to these
     base = base_config(config)
+    requests = functools.cache(scenario.requests)  # built only when a rank's rows are
     rows = []
-    for i, requests in enumerate(scenario.requests()):
-        ref = reference_step(config, weights, requests, states)
-        states = ref.states
+    for i in range(len(scenario.steps)):
+        ranks = [_rank_reference(config, rank, tuple(step[rank].query_lens
+                                                     for step in scenario.steps[:i + 1]),
+                                 requests)
+                 for rank in range(config.dp_size)]
         batches = scenario.batches(i)
         plans = None if judge_by is None else tuple(plan_without_world(judge_by, batches))
         # The harness's own decisions are held to a second statement of the spec that
         # shares no code with it (invariant 29 of docs/spec.md §8).
         expected = (tuple(spec_plans(config, batches))
                     if config.sut is DecisionSystem.HARNESS else None)
-        rows.append(ReferenceRows(tuple(rows_of(t) for t in ref.outputs),
-                                  tuple(rows_of(t) for t in ref.states),
-                                  tuple(tuple(sorted(c.elements())) for c in ref.routes),
+        rows.append(ReferenceRows(tuple(r.outputs for r in ranks),
+                                  tuple(r.state for r in ranks),
+                                  tuple(tuple(sorted(route for r in ranks
+                                                     for route in r.routes[dest]))
+                                        for dest in range(config.dp_size)),
                                   plans, expected,
                                   None if base is None else tuple(
                                       plans_without_world(base, batches))))
     return rows
+
+
+@dataclass(frozen=True)
+class _RankReference:
+    """One rank's reference after a run of steps: its rows, its state (as rows and as the
+    tensor the next step starts from) and, per destination rank, the routes it sends."""
+
+    outputs: Rows
+    state: Rows
+    state_tensor: torch.Tensor
+    routes: tuple[tuple[Route, ...], ...]
+
+
+# The plain model computes a rank's rows from that rank's requests and state alone
+# (`reference_step` runs rank by rank), and a rank's requests follow from the config, the
+# rank and its query lengths so far (`Scenario.requests`): a rank's history seen before is
+# not computed again. Bounded, least recently used out first.
+_MEMO: OrderedDict[tuple, _RankReference] = OrderedDict()
+MEMO_SIZE = 4096
+
+
+def _rank_reference(config: HarnessConfig, rank: int, lens: tuple[tuple[int, ...], ...],
+                    requests: Callable[[], list[list[list[RequestSpec]]]]) -> _RankReference:
+    """Rank `rank`'s reference after the steps whose query lengths `lens` lists: the plain
+    model over this rank's requests alone, every other rank idle."""
+    key = (config, rank, lens)
+    if key in _MEMO:
+        _MEMO.move_to_end(key)
+        return _MEMO[key]
+    step = len(lens) - 1
+    state = (_rank_reference(config, rank, lens[:-1], requests).state_tensor if step
+             else initial_state(config, rank))
+    batches: list[list[RequestSpec]] = [[] for _ in range(config.dp_size)]
+    batches[rank] = requests()[step][rank]
+    states = [state] * config.dp_size  # reference_step clones each; idle ranks change none
+    ref = reference_step(config, _weights(config), batches, states)
+    _MEMO[key] = found = _RankReference(
+        rows_of(ref.outputs[rank]), rows_of(ref.states[rank]), ref.states[rank],
+        tuple(tuple(ref.routes[dest].elements()) for dest in range(config.dp_size)))
+    if len(_MEMO) > MEMO_SIZE:
+        _MEMO.popitem(last=False)
+    return found
+
+
+@functools.lru_cache(maxsize=16)
+def _weights(config: HarnessConfig) -> MoEWeights:
+    return MoEWeights.build(config)

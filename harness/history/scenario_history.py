@@ -18,6 +18,8 @@ class ScenarioHistory:
     startup: tuple[StartupRecord | None, ...]  # None: the rank never finished capture
     steps: tuple[tuple[StepRecord | None, ...], ...]  # None: still running at the deadline
     evidence: str = ""  # stacks and last collectives of a hung, crashed or failed world
+    # Ran in a batch, with no go-ahead between steps: a failure is confirmed by a run alone.
+    batched: bool = False
 
 
 def steps_may_run(startup: Sequence[StartupRecord | None]) -> bool:

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from harness.scenario import Scenario
 from harness.timeouts import DEFAULT_TIMEOUTS, Timeouts
 from harness.world.agent_launch import STOP_TIMEOUT_S, AgentLaunch, launch_agent, spares_by_default
 from harness.world.backends import check_backend
+from harness.world.batches import BATCH_SIZE, run_batched
 from harness.world.evidence import (
     fatal_error,
     last_collective,
@@ -63,6 +65,9 @@ class TorchrunWorld:
         self.strangers_dropped = 0  # connections that failed the handshake, over all launches
         self._pids: dict[int, int] = {}
         self._dir: Path | None = None
+        # (launch, config) -> every rank's start-up records, for configs this launch captured
+        # cleanly: only those go in batches (harness/world/batches.py).
+        self._clean_captures: dict[tuple, tuple[StartupRecord, ...]] = {}
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -151,6 +156,7 @@ class TorchrunWorld:
         for channel in self._channels.values():
             channel.close()
         self._channels, self._pids, self._proc = {}, {}, None
+        self._clean_captures.clear()
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
@@ -168,6 +174,8 @@ class TorchrunWorld:
             channel.send(("run", scenario.to_dict(), asdict(self.timeouts)))
         startup, steps, evidence = self._collect(scenario)
         failed = not steps_may_run(startup) or any(step_failed(s) for s in steps)
+        if not evidence and steps_may_run(startup):
+            self._clean_captures[(self.launches, scenario.config)] = tuple(startup)
         if evidence or failed:
             # A timed-out or broken collective leaves the groups unusable: fresh world next,
             # once every rank still alive has shown where it stands.
@@ -178,6 +186,16 @@ class TorchrunWorld:
                 evidence += f"\nprocesses still alive after the kill: {survivors}"
         return ScenarioHistory(scenario, self.timeouts, tuple(startup),
                                tuple(tuple(s) for s in steps), evidence)
+
+    def run_many(self, scenarios: Iterable[Scenario],
+                 batch_size: int = BATCH_SIZE) -> Iterator[ScenarioHistory]:
+        """Every scenario's history, in order; fault-free ones of a config already captured
+        go several per round trip while the caller judges earlier ones."""
+        return run_batched(self, scenarios, batch_size)
+
+    def clean_capture(self, config) -> tuple[StartupRecord, ...] | None:
+        """Every rank's start-up records of `config`, if this launch captured it cleanly."""
+        return self._clean_captures.get((self.launches, config)) if self._channels else None
 
     def _collect(self, scenario: Scenario):
         n = self.nproc

@@ -145,6 +145,10 @@ class Worker:
             if message[0] == "run":
                 with collector_paused():
                     self.run(message[1], Timeouts(**message[2]))
+            elif message[0] == "batch":
+                with collector_paused():
+                    for scenario_data in message[1]:
+                        self.run_unattended(scenario_data, Timeouts(**message[2]))
 
     def _runtime(self, config, timeouts: Timeouts):
         key = (config, timeouts)
@@ -177,6 +181,20 @@ class Worker:
             # a rank that went on alone would wait in the next sync for nobody.
             run_steps(scenario, this_rank, lambda _: self.channel.recv() == ("next", True))
         self.channel.send(("done",))
+
+
+    def run_unattended(self, scenario_data: dict, timeouts: Timeouts) -> None:
+        """A scenario of a batch (harness/world/batches.py): fault-free, of a config this
+        world captured cleanly, so no go-ahead is waited for; the rank stops after a step
+        of its own that failed, and sends every record in one message."""
+        scenario = scenario_from_dict(scenario_data)
+        runtime, _ = self._runtime(scenario.config, timeouts)
+        runtime.reset_state()
+        records = run_steps(
+            scenario, lambda i, requests, ranks: runtime.step(i, requests[self.rank],
+                                                              ranks[self.rank]),
+            lambda record: record.error is None)
+        self.channel.send(("ran", records))
 
 
 def main(argv: list[str] | None = None) -> int:

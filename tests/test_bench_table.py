@@ -1,0 +1,32 @@
+"""The bench table's columns and its input: the ranks/driver/wire shares are what was
+measured, and a bad batch size is one line and exit 2."""
+
+import pytest
+
+from harness.bench.throughput import Row, _shares, main, print_rows
+
+
+def test_the_shares_split_the_wall_time_and_the_wire_takes_what_is_left():
+    ranks, driver, wire = _shares(10.0, 6.0, 3.0)
+    assert (round(ranks, 6), round(driver, 6), round(wire, 6)) == (0.6, 0.3, 0.1)
+    # Pipelined, the driver overlaps the ranks: nothing is left for the wire, never less.
+    assert _shares(10.0, 9.0, 3.0)[2] == 0.0
+
+
+def test_the_table_prints_each_rows_shares_in_percent(capsys):
+    floor = Row("floor", 100, 0.25)
+    print_rows([Row("batched", 100, 0.5, "replay 100", (0.61, 0.27, 0.12)), floor], floor)
+    lines = capsys.readouterr().out.splitlines()
+    assert "ranks/driver/wire %" in lines[0]
+    batched = next(line for line in lines if line.startswith("batched"))
+    assert "61/27/12" in batched and "200.0" in batched  # examples/s
+    assert next(line for line in lines if line.startswith("floor")).split()[6] == "-"
+
+
+@pytest.mark.parametrize("size", ["0", "17"])
+def test_a_batch_size_out_of_range_is_one_line_naming_the_flag_and_exit_2(capsys, size):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--batch", size])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "--batch" in err[-1] and "Traceback" not in "\n".join(err)
