@@ -30,3 +30,20 @@ def test_a_batch_size_out_of_range_is_one_line_naming_the_flag_and_exit_2(capsys
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "--batch" in err[-1] and "Traceback" not in "\n".join(err)
+
+
+def test_a_negative_seed_count_is_one_line_naming_the_flag_and_exit_2(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--detection-seeds", "-1"])
+    assert exit_info.value.code == 2
+    assert "--detection-seeds" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_no_detection_seeds_skips_the_detection_table(monkeypatch, capsys):
+    import harness.bench.throughput as bench
+
+    monkeypatch.setattr(bench, "decode_examples", lambda n: [])
+    monkeypatch.setattr(bench, "print_throughput", lambda *a: print("throughput"))
+    monkeypatch.setattr(bench, "detection_rows", lambda *a: pytest.fail("detection ran"))
+    assert main(["--detection-seeds", "0", "--dp4-examples", "0"]) == 0
+    assert capsys.readouterr().out.strip() == "throughput"

@@ -166,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=BATCH_SIZE,
                         help="examples per round trip in the batched persistent row")
     parser.add_argument("--detection-seeds", type=int, default=3,
-                        help="fresh random seeds per variant for time to detection")
+                        help="fresh random seeds per variant for time to detection (0: skip "
+                        "that table)")
     parser.add_argument("--detection-budget", type=float, default=60.0, metavar="S")
     parser.add_argument("--worlds", default="sim,torchrun",
                         help="worlds to time detection on")
@@ -179,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="examples through each DP 4 layout (0: skip those rows)")
     args = parser.parse_args(argv)
 
+    if args.detection_seeds < 0:
+        parser.error(f"--detection-seeds: a count of seeds, not {args.detection_seeds}")
     if not 1 <= args.batch <= MAX_BATCH:
         parser.error(f"--batch: examples per round trip must be 1 to {MAX_BATCH}, not "
                      f"{args.batch}")
@@ -192,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
             from harness.bench.multinode import dp4_rows, print_dp4
 
             print_dp4(dp4_rows(args.dp4_examples))
+    if not args.detection_seeds:
+        return 0
     names = tuple(args.variants.split(",")) if args.variants else None
     seeds = random_seeds(args.detection_seeds)
     print(f"\ntime to detection from an empty example database, seeds {seeds}:")
