@@ -205,9 +205,28 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     tr.section(f"scenarios run on the {world} world")
     tr.write_line(f"{'scenario':34} {'ranks':>5} {'steps':>5} {'verdict':8} {'seconds':>7}  "
                   "failing checkers")
-    for name, ranks, steps, ok, failed, seconds in _SUMMARY:
-        tr.write_line(f"{name[:34]:34} {ranks:>5} {steps:>5} {'ok' if ok else 'FAIL':8} "
+    for name, ranks, steps, runs, ok, failed, seconds in _by_name(_SUMMARY):
+        label = name if runs == 1 else f"{name} x{runs}"  # a Hypothesis pass is one row
+        tr.write_line(f"{label[:34]:34} {ranks:>5} {steps:>5} {'ok' if ok else 'FAIL':8} "
                       f"{seconds:7.2f}  {failed}")
     passed = sum(1 for row in _SUMMARY if row[3])
     tr.write_line(f"{len(_SUMMARY)} scenarios: {passed} held every checker, "
                   f"{len(_SUMMARY) - passed} were caught by one")
+
+
+def _by_name(rows):
+    """The draws of a Hypothesis pass (named `fuzz-...`) merged into one row: the runs, every
+    verdict held, the checkers that failed in any, the seconds summed. Other rows as run."""
+    merged: dict[object, list] = {}
+    for i, (name, ranks, steps, ok, failed, seconds) in enumerate(rows):
+        key = (name, ranks) if name.startswith("fuzz-") else i
+        if key not in merged:
+            merged[key] = [name, ranks, steps, 0, True, set(), 0.0]
+        row = merged[key]
+        row[2] = max(row[2], steps)
+        row[3] += 1
+        row[4] = row[4] and ok
+        row[5].update(filter(None, failed.split(", ")))
+        row[6] += seconds
+    return [(*row[:5], ", ".join(sorted(row[5])), row[6]) for row in merged.values()]
+
