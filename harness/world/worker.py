@@ -182,7 +182,6 @@ class Worker:
             run_steps(scenario, this_rank, lambda _: self.channel.recv() == ("next", True))
         self.channel.send(("done",))
 
-
     def run_unattended(self, scenario_data: dict, timeouts: Timeouts) -> None:
         """A scenario of a batch (harness/world/batches.py): fault-free, of a config this
         world captured cleanly, so no go-ahead is waited for; the rank stops after a step
