@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from runs_alone import RunsAlone
 from scenario_width import with_dp_size
 
 from harness.check.judge import judge
@@ -38,15 +39,6 @@ def same_config(scenario, tokens: list[int], name: str):
     data.pop("expect")
     data["name"], data["steps"] = name, [{"ranks": tokens}]
     return scenario_from_dict(data)
-
-
-class RunsAlone:
-    def __init__(self, world) -> None:
-        self.world, self.asked = world, []
-
-    def __call__(self, scenario):
-        self.asked.append(scenario)
-        return self.world.run(scenario)
 
 
 def test_a_checker_failure_inside_a_batch_is_caught_and_rerun_alone(world):

@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from runs_alone import RunsAlone
 
 from harness.check.stream import PASSED_ALONE, judge_stream
 from harness.scenario import load_scenario, scenario_from_dict
@@ -29,17 +30,6 @@ def world():
     world = SimWorld(2, Timeouts())
     yield world
     world.close()
-
-
-class RunsAlone:
-    """The world's one-scenario run, remembering what it was asked to run."""
-
-    def __init__(self, world) -> None:
-        self.world, self.asked = world, []
-
-    def __call__(self, scenario):
-        self.asked.append(scenario)
-        return self.world.run(scenario)
 
 
 def test_a_failing_batched_scenario_is_rerun_alone_and_reported_with_full_rows(world):

@@ -7,10 +7,10 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 
 import psutil
 import pytest
+from process_watch import gone_within
 
 from harness.check.judge import judge
 from harness.errors import ConfigError
@@ -54,22 +54,6 @@ def test_a_multi_node_world_takes_its_key_from_the_environment_only(monkeypatch)
     assert shared_control_key() == bytes.fromhex("ab" * 32)
 
 
-def _alive(pids) -> list[int]:
-    alive = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                alive.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return alive
-
-
-def _gone_within(pids, seconds: float) -> list[int]:
-    deadline = time.monotonic() + seconds
-    while _alive(pids) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return _alive(pids)
 
 
 @pytest.fixture
@@ -98,12 +82,12 @@ def test_two_agents_on_loopback_make_one_dp_world_that_rebuilds_after_a_killed_r
     assert judge(two_nodes.run(scenario())).ok
     assert two_nodes.launches >= 2
     assert not set(first.values()) & set(two_nodes._pids.values())  # fresh workers
-    assert _gone_within(first.values(), GRACE_S) == []
+    assert gone_within(first.values(), GRACE_S) == []
     agents = list(two_nodes.agent_pids().values())
     workers = list(two_nodes._pids.values())
     launchers = [two_nodes._proc.pid, *two_nodes.node_launchers()]
     assert two_nodes.close() == []
-    assert _gone_within(agents + workers + launchers, GRACE_S) == []
+    assert gone_within(agents + workers + launchers, GRACE_S) == []
 
 
 @pytest.mark.dist
@@ -133,4 +117,4 @@ def test_a_node_whose_agent_is_killed_mid_run_is_named_and_nothing_outlives_the_
     verdict = next(v for _, v in judge(history).failed_verdicts() if v.checker == "errors")
     assert "NodeLost" in verdict.detail, verdict.detail
     assert two_nodes.close() == []
-    assert _gone_within([*own, other, *workers, *launchers], GRACE_S) == []
+    assert gone_within([*own, other, *workers, *launchers], GRACE_S) == []

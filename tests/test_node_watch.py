@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from process_watch import alive, gone_within
 
 from harness.world.heartbeat import DriverBeat, driver_silent
 from harness.world.loopback import free_loopback_port
@@ -43,26 +44,10 @@ DRIVER = textwrap.dedent("""
 """)
 
 
-def _alive(pids) -> list[int]:
-    alive = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                alive.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return alive
-
-
-def _gone_within(pids, seconds: float) -> list[int]:
-    deadline = time.monotonic() + seconds
-    while _alive(pids) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return _alive(pids)
 
 
 def _kill(pids) -> None:
-    for pid in _alive(pids):
+    for pid in alive(pids):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -115,10 +100,10 @@ def test_a_node_elsewhere_stops_its_agent_when_the_drivers_beat_stands_still(tmp
         tree += [p.pid for p in agents]
         time.sleep(8.0)  # twice the bound, beating: the node keeps its agent
         assert node.poll() is None, log.read_text()
-        assert _alive(tree) == tree
+        assert alive(tree) == tree
         beat.stop()
         stopped = time.monotonic()
-        assert _gone_within(tree, GONE_WITHIN_S) == [], log.read_text()
+        assert gone_within(tree, GONE_WITHIN_S) == [], log.read_text()
         assert time.monotonic() - stopped >= 4.0  # not before the bound
         assert "no beat of its driver in the rendezvous store for 4 s" in log.read_text()
     finally:
@@ -150,7 +135,7 @@ def test_no_launcher_agent_or_worker_outlives_a_driver_that_was_signalled(reques
         assert len(_named(procs, "harness.world.worker")) >= 4
         driver.send_signal(sig)
         driver.wait(timeout=30)
-        assert _gone_within(tree, GONE_WITHIN_S) == []
+        assert gone_within(tree, GONE_WITHIN_S) == []
     finally:
         _kill([driver.pid, *tree])
         driver.wait(timeout=10)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from process_watch import gone_within
 from scenario_width import with_dp_size
 
 from harness.check.judge import judge
@@ -212,20 +213,10 @@ def test_workers_and_torchrun_exit_by_themselves_when_the_driver_is_killed():
         assert len(pids) == 3, line
         driver.send_signal(signal.SIGKILL)
         driver.wait(timeout=10)
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and any(_running(p) for p in pids):
-            time.sleep(0.2)
-        assert not [p for p in pids if _running(p)]
+        assert gone_within(pids, 15) == []
     finally:
         if driver.poll() is None:
             os.killpg(driver.pid, signal.SIGKILL)
-
-
-def _running(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def test_nccl_without_a_gpu_is_one_line_and_exit_2(capsys, tmp_path):

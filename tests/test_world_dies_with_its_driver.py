@@ -8,11 +8,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 import pytest
+from process_watch import alive, gone_within
 
 pytestmark = pytest.mark.dist
 
@@ -51,20 +51,10 @@ def test_a_rank_stuck_before_its_watchdog_starts_dies_with_a_killed_driver(tmp_p
         assert len(pids) == 2, pids
         driver.send_signal(signal.SIGKILL)
         driver.wait(timeout=10)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and any(_running(p) for p in pids):
-            time.sleep(0.2)
-        assert not [p for p in pids if _running(p)]
+        assert gone_within(pids, 20) == []
         connection.close()
     finally:
         silent.close()
         for pid in [driver.pid, *pids]:  # whatever a failing run left
-            if _running(pid):
+            if alive([pid]):
                 os.kill(pid, signal.SIGKILL)
-
-
-def _running(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False

@@ -9,10 +9,11 @@ when a driver on the same host (its pid given) has exited.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from datetime import timedelta
+
+from harness.world.processes import pid_alive
 
 BEAT_KEY = "dbo-harness/driver-beat"
 BEAT_PERIOD_S = 1.0
@@ -64,16 +65,6 @@ def driver_silent(now: float, since: float, beat_seen: bool, silence_s: float,
     return now - since > (silence_s if beat_seen else first_beat_s)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class DriverWatch:
     """A node launcher's side: `gone()` says why the driver counts as gone, or None."""
 
@@ -96,7 +87,7 @@ class DriverWatch:
             return None
 
     def gone(self) -> str | None:
-        if self.driver_pid is not None and not _pid_alive(self.driver_pid):
+        if self.driver_pid is not None and not pid_alive(self.driver_pid):
             return f"its driver (pid {self.driver_pid}) exited"
         count, now = self._read(), time.monotonic()
         if count is not None and count > 0 and count != self._count:

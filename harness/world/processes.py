@@ -44,3 +44,14 @@ def kill_all(pids: list[int]) -> list[int]:
         except psutil.TimeoutExpired:
             alive.append(pid)
     return [pid for pid in alive if psutil.pid_exists(pid)]
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether `pid` exists (one of another user counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -29,7 +29,7 @@ from harness.scenario import Scenario
 from harness.timeouts import DEFAULT_TIMEOUTS, Timeouts
 from harness.world.crash import crashed_history, describe_exit
 from harness.world.evidence import last_collective, native_abort_message
-from harness.world.processes import package_pythonpath
+from harness.world.processes import package_pythonpath, pid_alive
 from harness.world.wire import Channel, ChannelClosed
 
 ZYGOTE_START_S = 90.0  # an interpreter importing torch on a loaded machine
@@ -288,21 +288,13 @@ class SandboxedSimWorld:
         leftover: list[int] = []
         if self._runner is not None:
             pid = self._runner[1]
-            if self._end_runner() is None and _alive(pid):
+            if self._end_runner() is None and pid_alive(pid):
                 leftover.append(pid)
         if self._dir is not None:
             leftover += _release_zygote()
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
         return leftover
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _read_from(path: Path, offset: int) -> str:

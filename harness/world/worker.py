@@ -35,19 +35,10 @@ from harness.world.collector import collector_paused
 from harness.world.gpus import GpuLayout, shared_gpu_environment, visible_gpus
 from harness.world.nodes import driver_address, peer_closed, worker_node, world_group_args
 from harness.world.parent_death import die_with_parent
+from harness.world.processes import pid_alive
 
 WATCHDOG_PERIOD_S = 0.5
 ARRIVAL_TIMEOUT_S = 60.0
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _watch_parents(driver_pid: int | None, channel: wire.Channel | None = None) -> None:
@@ -60,7 +51,7 @@ def _watch_parents(driver_pid: int | None, channel: wire.Channel | None = None) 
             with contextlib.suppress(wire.ChannelClosed):
                 channel.send(("agent-lost", int(os.environ["RANK"]), agent))
             os._exit(3)
-        if os.getppid() != agent or (driver_pid is not None and not _alive(driver_pid)):
+        if os.getppid() != agent or (driver_pid is not None and not pid_alive(driver_pid)):
             os._exit(3)
         if channel is not None and peer_closed(channel.fileno()):
             os._exit(3)
