@@ -107,6 +107,17 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
             "all-to-alls it never joins (vLLM PR #50945's review)",
             changes=(("ubatch_vote", "rank-local"),), undo=(("ubatch_vote", "synced"),),
             caught_by=("split_consensus", "agreement", "errors")),
+    Variant("rank-local-query-len-bound", "with draft tokens and varlen decode graphs, a rank "
+            "dispatches with its own query-length bound instead of the synced one, so a decode "
+            "rank replays a varlen decode graph its peers with a prefill cannot "
+            "(docs/spec.md §7.16)",
+            changes=(("query_len_bound", "rank-local"),), undo=(("query_len_bound", "synced"),),
+            caught_by=("agreement", "executes_plan", "errors"),
+            # The bug lives where varlen decode graphs exist: drafts (so no microbatching)
+            # and a separate decode routine whose mixed steps still pad (PIECEWISE).
+            drawn=(("enable_dbo", st.just(False)), ("ubatch_size", st.just(0)),
+                   ("decode_query_len", st.integers(2, 4)), ("varlen_decode", st.just(True)),
+                   ("cudagraph_mode", st.sampled_from(("FULL_AND_PIECEWISE",))))),
 )}
 
 
