@@ -15,7 +15,7 @@ class RankBatch:
 
     `uniform_token_count` is the per-request query length when every request has the same
     one and no request is a prefill (vLLM's get_uniform_decode_token_count); None otherwise.
-    A request longer than `decode_query_len` (1 + draft tokens) is a prefill (§1.4).
+    A request longer than `decode_query_len` (1 + draft tokens) is a prefill (§1.6).
     `allow_skip_drafts`: the rank's scheduler finds none of its requests can use this step's
     drafts (the skip_drafts row of vLLM's DP sync).
     """
@@ -49,7 +49,7 @@ class RankBatch:
     @property
     def max_query_len(self) -> int | None:
         """The rank's query-length bound: its longest request, None with a prefill (vLLM's
-        runner leaves such a batch out of varlen decode graphs, docs/spec.md §1.4)."""
+        runner leaves such a batch out of varlen decode graphs, docs/spec.md §1.6)."""
         if self.query_lens is not None:
             longest = max(self.query_lens, default=0)
             return None if longest > self.decode_query_len else longest

@@ -70,7 +70,7 @@ class Twins(enum.Enum):
 
 
 class QueryLenBound(enum.Enum):
-    """Which query-length bound a rank dispatches its step with (docs/spec.md §1.4, §7.16)."""
+    """Which query-length bound a rank dispatches its step with (docs/spec.md §1.6, §7.17)."""
 
     SYNCED = "synced"  # the max over every rank, none if any rank has a prefill: reference
     # The slip: the rank's own bound, so a decode rank picks a varlen decode graph while a

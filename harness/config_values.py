@@ -1,5 +1,5 @@
 """Value rules of the harness configuration that need no HarnessConfig: enum parsing, vLLM's
-default capture-size ladder, and the speculative-decoding fields (docs/spec.md §0.3, §1.4)."""
+default capture-size ladder, and the speculative-decoding fields (docs/spec.md §0.3, §1.6)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def default_capture_sizes(max_num_reqs: int, max_num_batched_tokens: int,
 def check_spec_decoding(decode_query_len: Any, varlen_decode: Any, use_ubatching: bool) -> None:
     """Draft tokens (decode_query_len > 1) exist only without microbatching: vLLM's
     VllmConfig._get_dbo_unsupported_features rejects speculative decoding with DBO; varlen
-    decode graphs (adaptive verification) exist only with drafts (docs/spec.md §1.4)."""
+    decode graphs (adaptive verification) exist only with drafts (docs/spec.md §1.6)."""
     if (not isinstance(decode_query_len, int) or isinstance(decode_query_len, bool)
             or decode_query_len < 1):
         raise ConfigError("decode_query_len",

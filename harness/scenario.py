@@ -33,7 +33,7 @@ from harness.model.weights import DEFAULT_VOCAB
 class RankStep:
     query_lens: tuple[int, ...]
     allow_ubatching: bool = True
-    allow_skip_drafts: bool = False  # the rank's skip_drafts vote (docs/spec.md §1.4)
+    allow_skip_drafts: bool = False  # the rank's skip_drafts vote (docs/spec.md §1.6)
 
     def batch(self, decode_query_len: int = 1) -> RankBatch:
         return RankBatch.from_query_lens(self.query_lens, self.allow_ubatching,

@@ -200,7 +200,7 @@ def spec_plans(config: HarnessConfig, batches: Sequence[RankBatch]) -> list[Step
     deciding = [b if b.num_tokens else RankBatch(q, 1, q, b.allow_ubatching, (q,), q,
                                                  b.allow_skip_drafts) for b in batches]
     tokens, votes, ucts, max_query_lens, allows, reqs = [], [], [], [], [], []
-    # §1.4: drafts are skipped only when every rank allows it.
+    # §1.6: drafts are skipped only when every rank allows it.
     skip = all(b.allow_skip_drafts for b in deciding)
     for rank, batch in enumerate(deciding):
         tokens.append(batch.num_tokens)
@@ -253,7 +253,7 @@ def decide(config: HarnessConfig, table: Sequence[GraphDescriptor], batch: RankB
                 DpSyncState(tuple(tokens), synced_uct, eager=True, num_reqs=max_reqs))
     # 4 / T4-T6: one unsplit dispatch of the largest rank; no graph means eager at max.
     synced_mql = None if -1 in max_query_lens else max(max_query_lens)
-    if config.query_len_bound.value == "rank-local":  # §7.16: the rank's own bound
+    if config.query_len_bound.value == "rank-local":  # §7.17: the rank's own bound
         synced_mql = batch.max_query_len
     desc = dispatch(table, batch.num_reqs, max_tokens, synced_uct, synced_mql)
     state_reqs = desc.num_reqs if desc.cg_mode is FULL else max_reqs

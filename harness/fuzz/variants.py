@@ -110,7 +110,7 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("rank-local-query-len-bound", "with draft tokens and varlen decode graphs, a rank "
             "dispatches with its own query-length bound instead of the synced one, so a decode "
             "rank replays a varlen decode graph its peers with a prefill cannot "
-            "(docs/spec.md §7.16)",
+            "(docs/spec.md §7.17)",
             changes=(("query_len_bound", "rank-local"),), undo=(("query_len_bound", "synced"),),
             caught_by=("agreement", "executes_plan", "errors"),
             # The bug lives where varlen decode graphs exist: drafts (so no microbatching)

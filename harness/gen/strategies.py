@@ -117,7 +117,7 @@ def fuzz_configs(draw, fixed: Mapping[str, Any] | None = None, *,
 
 
 def draft_fields(draw, pick) -> dict[str, Any]:
-    """Speculative decoding's fields (docs/spec.md §1.4): 1 + up to 3 draft tokens per decode
+    """Speculative decoding's fields (docs/spec.md §1.6): 1 + up to 3 draft tokens per decode
     request, and about half the time varlen decode graphs (adaptive verification)."""
     q = pick("decode_query_len", st.integers(1, 4))
     varlen = pick("varlen_decode", st.booleans() if q > 1 else st.just(False))
@@ -254,7 +254,7 @@ def draft_batches(draw, config: HarnessConfig) -> list[RankBatch]:
     """With draft tokens (q = decode_query_len > 1), each rank's skewed token count laid out
     as decodes of 1..q tokens (what varlen decode graphs serve), uniform decodes of exactly q
     (the uniform spec-decode graphs), or a batch with a prefill (no query-length bound), next
-    to each other; and each rank's skip_drafts vote (docs/spec.md §1.4)."""
+    to each other; and each rank's skip_drafts vote (docs/spec.md §1.6)."""
     counts = draw(skewed_token_counts(config))
     everyone_skips = draw(st.integers(0, 3)) == 3
     batches = []

@@ -47,7 +47,7 @@ class DpSyncState:
     uniform_token_count: int | None
     eager: bool
     num_reqs: int
-    # Every rank allows skipping this step's drafts (vLLM's skip_drafts row, §1.4).
+    # Every rank allows skipping this step's drafts (vLLM's skip_drafts row, §1.6).
     skip_drafts: bool = False
 
 

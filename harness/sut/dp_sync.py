@@ -68,10 +68,10 @@ def decide_from_matrix(config: HarnessConfig, table: GraphTable,
                             skip_drafts=skip_drafts)
         return SyncDecision(desc, state)
     # Varlen decode graphs are chosen by the bound, so every rank dispatches with the synced
-    # one: the largest, or none when some rank has a prefill (docs/spec.md §1.4).
+    # one: the largest, or none when some rank has a prefill (docs/spec.md §1.6).
     synced_max_query_len = None if -1 in max_query_lens else max(max_query_lens)
     if config.query_len_bound is QueryLenBound.RANK_LOCAL:
-        synced_max_query_len = batch.max_query_len  # the slip of §7.16
+        synced_max_query_len = batch.max_query_len  # the slip of §7.17
     desc = table.dispatch(batch.num_reqs, max(tokens), synced_uct, synced_max_query_len)
     num_reqs = desc.num_reqs if desc.cg_mode is CudaGraphMode.FULL else max(reqs)
     state = DpSyncState((desc.num_tokens,) * len(tokens), synced_uct, eager=False,
