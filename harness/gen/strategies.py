@@ -61,26 +61,31 @@ def configs(draw, *, dp_sizes=(2, 3, 4), ubatch_counts=(2, 3, 4), modes=GRAPH_MO
 @st.composite
 def fuzz_configs(draw, fixed: Mapping[str, Any] | None = None, *,
                  dp_sizes: Sequence[int] = (2, 3, 4), ubatch_counts: Sequence[int] = (2, 3, 4),
-                 drawn: Mapping[str, st.SearchStrategy] | None = None) -> HarnessConfig:
+                 drawn: Mapping[str, st.SearchStrategy] | None = None,
+                 drafts_every: int = 0) -> HarnessConfig:
     """Configs from the fuzzer's small space. `fixed` fields (what the user pinned, and the
-    variant's planted bug) are kept as given; `drawn` adds strategies for other fields."""
+    variant's planted bug) are kept as given; `drawn` adds strategies for other fields. About
+    one config in `drafts_every` (0: none) turns microbatching off and draws draft tokens."""
     fixed, drawn = dict(fixed or {}), dict(drawn or {})
 
     def pick(name: str, strategy: st.SearchStrategy) -> Any:
-        # A pinned value, else the variant's strategy for the field, else the fuzzer's own.
+        return fixed.pop(name) if name in fixed else draw(strategy)
+
+    def pick_early(name: str, strategy: st.SearchStrategy) -> Any:
+        # Fields that shape what is drawn next: a variant's strategy applies at once.
         return fixed.pop(name) if name in fixed else draw(drawn.pop(name, strategy))
 
     fields: dict[str, Any] = {"dp_size": pick("dp_size", st.sampled_from(dp_sizes))}
     pinned = {key: fixed.pop(key) if key in fixed else draw(drawn.pop(key))
               for key in ("enable_dbo", "ubatch_size") if key in fixed or key in drawn}
-    # One config in eight turns microbatching off, the only place draft tokens exist (vLLM
-    # rejects speculative decoding with DBO); last, so that the simplest config keeps it on.
-    if not pinned and draw(st.integers(0, 7)) == 7:
+    # Microbatching off is the only place draft tokens exist (vLLM rejects speculative
+    # decoding with DBO); the last value, so that the simplest config keeps it on.
+    if not pinned and drafts_every and draw(st.integers(1, drafts_every)) == drafts_every:
         pinned = {"enable_dbo": False, "ubatch_size": 0}
     fields.update(pinned or ubatching_fields(draw(st.sampled_from(ubatch_counts))))
     k = HarnessConfig.microbatches_of(fields.get("enable_dbo", True), fields.get("ubatch_size", 0))
     if k == 1:
-        fields.update(draft_fields(draw, pick))
+        fields.update(draft_fields(draw, pick_early))
     mode = pick("cudagraph_mode", st.sampled_from(GRAPH_MODES))
     sizes = pick("capture_sizes", st.lists(st.sampled_from(SIZE_CHOICES), min_size=1,
                                            max_size=2, unique=True).map(sorted))
