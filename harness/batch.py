@@ -15,6 +15,9 @@ class RankBatch:
 
     `uniform_token_count` is the per-request query length when every request has the same
     one and no request is a prefill (vLLM's get_uniform_decode_token_count); None otherwise.
+    A request longer than `decode_query_len` (1 + draft tokens) is a prefill (§1.6).
+    `allow_skip_drafts`: the rank's scheduler finds none of its requests can use this step's
+    drafts (the skip_drafts row of vLLM's DP sync).
     """
 
     num_tokens: int
@@ -22,13 +25,16 @@ class RankBatch:
     uniform_token_count: int | None
     allow_ubatching: bool = True
     query_lens: tuple[int, ...] | None = None
+    decode_query_len: int = 1
+    allow_skip_drafts: bool = False
 
     @classmethod
     def from_query_lens(cls, query_lens: Sequence[int], allow_ubatching: bool = True,
-                        decode_query_len: int = 1) -> RankBatch:
+                        decode_query_len: int = 1, allow_skip_drafts: bool = False) -> RankBatch:
         lens = tuple(query_lens)
-        uct = decode_query_len if lens and all(q == decode_query_len for q in lens) else None
-        return cls(sum(lens), len(lens), uct, allow_ubatching, lens)
+        uniform = bool(lens) and all(q == lens[0] for q in lens) and lens[0] <= decode_query_len
+        return cls(sum(lens), len(lens), lens[0] if uniform else None, allow_ubatching, lens,
+                   decode_query_len, allow_skip_drafts)
 
     @classmethod
     def uniform(cls, num_tokens: int, uniform_token_count: int | None = 1,
@@ -42,8 +48,11 @@ class RankBatch:
 
     @property
     def max_query_len(self) -> int | None:
+        """The rank's query-length bound: its longest request, None with a prefill (vLLM's
+        runner leaves such a batch out of varlen decode graphs, docs/spec.md §1.6)."""
         if self.query_lens is not None:
-            return max(self.query_lens, default=0)
+            longest = max(self.query_lens, default=0)
+            return None if longest > self.decode_query_len else longest
         return self.uniform_token_count
 
     def request_query_lens(self) -> tuple[int, ...]:
@@ -60,7 +69,7 @@ def deciding_batch(batch: RankBatch, decode_query_len: int) -> RankBatch:
     if batch.num_tokens:
         return batch
     q = decode_query_len
-    return RankBatch(q, 1, q, batch.allow_ubatching, (q,))
+    return RankBatch(q, 1, q, batch.allow_ubatching, (q,), q, batch.allow_skip_drafts)
 
 
 def dummy_query_lens(num_reqs: int, num_tokens: int) -> tuple[int, ...]:

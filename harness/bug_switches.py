@@ -67,3 +67,12 @@ class Twins(enum.Enum):
 
     ALL = "all"  # every eligible twin, as vLLM does (bug §7.5 of docs/spec.md)
     REACHABLE = "reachable"  # only twins some legal batch can dispatch to: the reference
+
+
+class QueryLenBound(enum.Enum):
+    """Which query-length bound a rank dispatches its step with (docs/spec.md §1.6, §7.17)."""
+
+    SYNCED = "synced"  # the max over every rank, none if any rank has a prefill: reference
+    # The slip: the rank's own bound, so a decode rank picks a varlen decode graph while a
+    # rank with a prefill cannot, and the ranks pad to different token counts.
+    RANK_LOCAL = "rank-local"

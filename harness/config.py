@@ -21,9 +21,11 @@ from harness.bug_switches import (
     DummyPadding,
     EagerSlices,
     Guard,
+    QueryLenBound,
     Twins,
     UbatchVote,
 )
+from harness.config_values import check_spec_decoding, default_capture_sizes, parse_enum
 from harness.data_file import read_data_file
 from harness.errors import ConfigError
 from harness.vllm_code.source import VllmPatch, check_vllm_code_fields, parse_patches
@@ -106,31 +108,7 @@ def _is_int(value: Any) -> bool:
 
 # Switches of the harness's miniature; the vllm system brings its own behaviour.
 HARNESS_ONLY_FIELDS = (("guard", "fixed"), ("twins", "reachable"), ("threshold_offset_rank", None),
-                       ("ubatch_vote", "synced"))
-
-
-def _parse_enum(enum_cls: type[enum.Enum], value: Any, field_name: str) -> enum.Enum:
-    if isinstance(value, enum_cls):
-        return value
-    try:
-        return enum_cls(value)
-    except ValueError:
-        allowed = ", ".join(str(m.value) for m in enum_cls)
-        raise ConfigError(field_name, f"unknown value {value!r} (one of {allowed})") from None
-
-
-def default_capture_sizes(max_num_reqs: int, max_num_batched_tokens: int,
-                          decode_query_len: int = 1) -> tuple[int, ...]:
-    """vLLM's default capture-size ladder (docs/spec.md §0.3)."""
-    largest = min(max_num_reqs * decode_query_len * 2, 512, max_num_batched_tokens)
-    sizes = {s for s in (1, 2, 4) if s <= largest}
-    if largest >= 8:
-        sizes.update(range(8, min(largest + 1, 256), 8))
-    if largest >= 256:
-        sizes.update(range(256, largest + 1, 16))
-    if max_num_batched_tokens <= largest:
-        sizes.add(max_num_batched_tokens)
-    return tuple(sorted(sizes))
+                       ("ubatch_vote", "synced"), ("query_len_bound", "synced"))
 
 
 @dataclass(frozen=True)
@@ -146,8 +124,10 @@ class HarnessConfig:
     capture_sizes: tuple[int, ...] | None = None
     max_num_reqs: int = 64
     max_num_batched_tokens: int = 256
-    # Speculative decoding is unsupported with DBO, so a decode request is one token.
+    # Tokens of a decode request: 1 + draft tokens. Drafts exist only without microbatching
+    # (vLLM rejects speculative decoding with DBO); varlen_decode: adaptive verification.
     decode_query_len: int = 1
+    varlen_decode: bool = False
     hidden_size: int = 16
     experts_per_rank: int = 2  # experts are sharded evenly: dp_size * experts_per_rank in all
     top_k: int = 2
@@ -172,20 +152,22 @@ class HarnessConfig:
     a2a_buffers: A2ABuffers = A2ABuffers.MAX_TOKENS
     ubatch_vote: UbatchVote = UbatchVote.SYNCED
     dummy_padding: DummyPadding = DummyPadding.AGREED
+    query_len_bound: QueryLenBound = QueryLenBound.SYNCED
     # The GPU suite's world of one rank (one GPU): microbatching with dp_size 1, whose
     # all-to-all is a size-one NCCL op. Allowed nowhere else.
     single_rank_gpu_world: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cudagraph_mode", CudaGraphMode.parse(self.cudagraph_mode))
-        object.__setattr__(self, "sut", _parse_enum(DecisionSystem, self.sut, "sut"))
+        object.__setattr__(self, "sut", parse_enum(DecisionSystem, self.sut, "sut"))
         object.__setattr__(self, "vllm_patches", parse_patches(self.vllm_patches))
         for name, enum_cls in (("guard", Guard), ("twins", Twins), ("protocol", UbatchProtocol),
                                ("all2all_backend", All2AllBackend), ("capture_on", CaptureOn),
                                ("capture_key", CaptureKey), ("eager_slices", EagerSlices),
                                ("a2a_buffers", A2ABuffers), ("ubatch_vote", UbatchVote),
-                               ("dummy_padding", DummyPadding)):
-            object.__setattr__(self, name, _parse_enum(enum_cls, getattr(self, name), name))
+                               ("dummy_padding", DummyPadding),
+                               ("query_len_bound", QueryLenBound)):
+            object.__setattr__(self, name, parse_enum(enum_cls, getattr(self, name), name))
         if self.capture_sizes is not None:
             if not isinstance(self.capture_sizes, list | tuple):
                 raise ConfigError("capture_sizes", "must be a list of positive integers, got "
@@ -247,9 +229,7 @@ class HarnessConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(name, f"must be a non-negative integer, got {value!r}")
         self._validate_types()
-        if self.decode_query_len != 1:
-            raise ConfigError("decode_query_len",
-                              "must be 1: speculative decoding is unsupported with microbatching")
+        check_spec_decoding(self.decode_query_len, self.varlen_decode, self.use_ubatching)
         self._validate_capture_sizes()
         if self.use_ubatching:
             self._validate_microbatching()
@@ -356,7 +336,8 @@ class HarnessConfig:
         return cls(**config_kwargs(data))
 
 
-_OMITTED_WHEN_DEFAULT = ("vllm_src", "vllm_patches", "differential_against_base")
+_OMITTED_WHEN_DEFAULT = ("vllm_src", "vllm_patches", "differential_against_base",
+                         "decode_query_len", "varlen_decode", "query_len_bound")
 
 
 def config_kwargs(data: dict[str, Any]) -> dict[str, Any]:

@@ -33,9 +33,11 @@ from harness.model.weights import DEFAULT_VOCAB
 class RankStep:
     query_lens: tuple[int, ...]
     allow_ubatching: bool = True
+    allow_skip_drafts: bool = False  # the rank's skip_drafts vote (docs/spec.md §1.6)
 
-    def batch(self) -> RankBatch:
-        return RankBatch.from_query_lens(self.query_lens, self.allow_ubatching)
+    def batch(self, decode_query_len: int = 1) -> RankBatch:
+        return RankBatch.from_query_lens(self.query_lens, self.allow_ubatching,
+                                         decode_query_len, self.allow_skip_drafts)
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,7 @@ class Scenario:
         return dict(self.caught_by_on).get(graphs, self.caught_by)
 
     def batches(self, step: int) -> list[RankBatch]:
-        return [r.batch() for r in self.steps[step]]
+        return [r.batch(self.config.decode_query_len) for r in self.steps[step]]
 
     def faults_at(self, step: int, rank: int) -> tuple[Fault, ...]:
         return tuple(f for f in self.faults if f.step == step and f.rank == rank)
@@ -161,6 +163,8 @@ def _rank_to_dict(rank_step: RankStep) -> dict[str, Any]:
                             else {"query_lens": list(lens)})
     if not rank_step.allow_ubatching:
         data["allow_ubatching"] = False
+    if rank_step.allow_skip_drafts:  # omitted when default: older files read the same
+        data["allow_skip_drafts"] = True
     return data
 
 
@@ -170,8 +174,9 @@ def _int(value: Any, where: str) -> int:
     return value
 
 
-# A rank as parsed: its decode token count, or its query lengths; and allow_ubatching.
-_RankSpec = tuple[int | tuple[int, ...], bool]
+# A rank as parsed: its decode token count, or its query lengths; allow_ubatching and
+# allow_skip_drafts.
+_RankSpec = tuple[int | tuple[int, ...], bool, bool]
 
 
 def _rank_from_dict(data: Any, where: str) -> _RankSpec:
@@ -179,7 +184,7 @@ def _rank_from_dict(data: Any, where: str) -> _RankSpec:
         data = {"tokens": data}
     if not isinstance(data, dict):
         raise ConfigError(where, "must be an object with `tokens` or `query_lens`")
-    unknown = set(data) - {"tokens", "query_lens", "allow_ubatching"}
+    unknown = set(data) - {"tokens", "query_lens", "allow_ubatching", "allow_skip_drafts"}
     if unknown:
         raise ConfigError(f"{where}.{sorted(unknown)[0]}", "is not a rank field")
     if ("tokens" in data) == ("query_lens" in data):
@@ -199,14 +204,17 @@ def _rank_from_dict(data: Any, where: str) -> _RankSpec:
     allow = data.get("allow_ubatching", True)
     if not isinstance(allow, bool):
         raise ConfigError(f"{where}.allow_ubatching", f"must be true or false, got {allow!r}")
-    return spec, allow
+    skip = data.get("allow_skip_drafts", False)
+    if not isinstance(skip, bool):
+        raise ConfigError(f"{where}.allow_skip_drafts", f"must be true or false, got {skip!r}")
+    return spec, allow, skip
 
 
-def _summary(spec: int | tuple[int, ...], allow: bool) -> RankBatch:
+def _summary(spec: int | tuple[int, ...], allow: bool, skip: bool) -> RankBatch:
     """The batch a parsed rank gives, without expanding a `tokens` count into requests."""
     if isinstance(spec, int):
         return RankBatch.uniform(spec, 1, allow_ubatching=allow)
-    return RankBatch.from_query_lens(spec, allow)
+    return RankBatch.from_query_lens(spec, allow, allow_skip_drafts=skip)
 
 
 def _fault_from_dict(data: Any, where: str, config: HarnessConfig, num_steps: int) -> Fault:
@@ -299,8 +307,8 @@ def scenario_from_dict(data: Any) -> Scenario:
             validate_batches(config, [_summary(*r) for r in ranks])
         except ConfigError as exc:
             raise ConfigError(f"steps[{i}].{exc.field}", exc.message) from None
-    steps = [tuple(RankStep((1,) * spec if isinstance(spec, int) else spec, allow)
-                   for spec, allow in ranks) for ranks in parsed]
+    steps = [tuple(RankStep((1,) * spec if isinstance(spec, int) else spec, allow, skip)
+                   for spec, allow, skip in ranks) for ranks in parsed]
     raw_faults = data.get("faults", [])
     if not isinstance(raw_faults, list):
         raise ConfigError("faults", "must be a list")

@@ -26,11 +26,20 @@ def test_a_batch_of_single_token_requests_is_a_uniform_decode():
     assert batch.max_query_len == 1
 
 
-def test_a_batch_with_a_prefill_has_no_uniform_token_count():
+def test_a_batch_with_a_prefill_has_no_uniform_token_count_and_no_query_len_bound():
     batch = RankBatch.from_query_lens([1, 7, 1])
     assert (batch.num_tokens, batch.num_reqs, batch.uniform_token_count) == (9, 3, None)
-    assert batch.max_query_len == 7
+    assert batch.max_query_len is None  # vLLM's runner sends None for a batch with a prefill
     assert batch.request_query_lens() == (1, 7, 1)
+
+
+def test_draft_tokens_bound_a_decode_batch_by_its_longest_request():
+    mixed = RankBatch.from_query_lens([1, 3, 2], decode_query_len=3)
+    assert (mixed.uniform_token_count, mixed.max_query_len) == (None, 3)
+    short = RankBatch.from_query_lens([2, 2], decode_query_len=3)
+    assert (short.uniform_token_count, short.max_query_len) == (2, 2)
+    prefill = RankBatch.from_query_lens([1, 4], decode_query_len=3)
+    assert (prefill.uniform_token_count, prefill.max_query_len) == (None, None)
 
 
 def test_equal_multi_token_requests_are_prefill_chunks_not_a_uniform_decode():

@@ -41,7 +41,7 @@ def records(tokens=(20, 24)) -> list[StepRecord]:
     return [StepRecord(rank=p.rank, step=0, plan=p, executed="replay",
                        captured_split=((0, 16, 0, 16), (16, 32, 16, 32)),
                        replay_split=((0, 16, 0, 16), (16, 32, 16, 32)),
-                       fingerprint=(("all_reduce", (6, 2), "int32"),
+                       fingerprint=(("all_reduce", (7, 2), "int32"),
                                     ("all_to_all", (258, 19), "float64")),
                        routes=ROUTES, outputs=ROWS, state=STATE, threads_alive=(),
                        pending_run=False, error=None, injected_fault=False, seconds=0.01,
@@ -113,7 +113,7 @@ def test_a_peer_whose_gpu_stays_held_by_the_faulty_ranks_collective_passes_only_
 
 def test_a_rank_issuing_another_collective_is_named_with_its_position():
     recs = records()
-    other = replace(recs[1], fingerprint=(("all_reduce", (6, 2), "int32"),
+    other = replace(recs[1], fingerprint=(("all_reduce", (7, 2), "int32"),
                                           ("all_to_all", (130, 19), "float64")))
     verdict = check_fingerprints([recs[0], other])
     assert verdict.detail.startswith(

@@ -23,7 +23,7 @@ DEADLINE_S = 5.0
 ROWS = ((1.0, 2.0), (3.0, 4.0))
 STATE = ((0.5, 0.5), (0.0, 0.0))  # one real slot, then the scratch slot
 SPLIT = ((0, 16, 0, 16), (16, 32, 16, 32))
-FINGERPRINT = (("all_reduce", (6, 4), "int32"), ("all_to_all", (258, 19), "float64"))
+FINGERPRINT = (("all_reduce", (7, 4), "int32"), ("all_to_all", (258, 19), "float64"))
 
 
 def config(ranks: int) -> HarnessConfig:
@@ -86,7 +86,7 @@ STEP_BREAKS: dict[str, Callable[[StepRecord], StepRecord]] = {
     "errors": lambda r: replace(r, error=StepError("ValueError", "bad row", None)),
     "agreement": other_desc,
     "collective_fingerprints": lambda r: replace(
-        r, fingerprint=(("all_reduce", (6, 4), "int64"), FINGERPRINT[1])),
+        r, fingerprint=(("all_reduce", (7, 4), "int64"), FINGERPRINT[1])),
     "captured_split": lambda r: replace(r, replay_split=(SPLIT[0], (15, 32, 16, 32))),
     "no_empty_region": with_empty_last_region,
     "matches_reference": lambda r: replace(

@@ -12,7 +12,7 @@ from harness.errors import ErrorOrigin
 from harness.history.records import StepRecord
 from harness.history.step_error import StepError
 
-FINGERPRINT = (("all_reduce", (6, 4), "int32"), ("all_to_all", (258, 19), "float64"))
+FINGERPRINT = (("all_reduce", (7, 4), "int32"), ("all_to_all", (258, 19), "float64"))
 CRASH = StepError("RankCrashed", "died of a fatal signal (Aborted)", None, ErrorOrigin.CRASHED)
 
 

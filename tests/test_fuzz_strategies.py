@@ -135,6 +135,8 @@ def test_one_step_in_eight_or_more_puts_decodes_beside_mixed_batches_within_one_
     @given(scenario_strategy(VARIANTS["reference"], {}, (3,)))
     def count(scenario):
         nonlocal counted, steps
+        if scenario.config.decode_query_len > 1:
+            return  # draft-token steps have layouts of their own (docs/spec.md §1.6)
         for i in range(len(scenario.steps)):
             steps += 1
             counted += _decodes_beside_mixed_within_one_graph(scenario.config,

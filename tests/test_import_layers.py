@@ -13,7 +13,8 @@ HARNESS = Path(__file__).resolve().parents[1] / "harness"
 LAYERS = (
     "errors", "data_file",  # one-line errors, TOML/JSON input
     "vllm_code",  # vLLM's source as data: diffs, patch descriptors, which vLLM a tree is
-    "bug_switches", "config", "timeouts", "batch", "faults",  # plain data and rules
+    "bug_switches", "config_values", "config",  # plain data and rules
+    "timeouts", "batch", "faults",
     "runtime",  # collectives, streams, graphs, the microbatch thread ring
     "model",  # the miniature MoE and its single-process reference
     "scenario",  # one replayable case

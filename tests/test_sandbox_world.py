@@ -79,7 +79,7 @@ def test_a_rank_that_aborts_is_named_with_its_signal_and_last_collective_and_the
     peer, crashed = result.steps[1].records
     assert crashed.error == StepError(
         "RankCrashed", "died of a fatal signal (SIGABRT: Aborted); its last collective: "
-        "all_reduce [6, 2] int32", None, ErrorOrigin.INJECTED)
+        "all_reduce [7, 2] int32", None, ErrorOrigin.INJECTED)
     assert peer.error.kind == "RankLost" and peer.error.origin is ErrorOrigin.LOST
     errors = errors_verdict(result.steps[1])
     assert errors.ok and "rank 1 RankCrashed" in errors.detail  # the injected fault, contained

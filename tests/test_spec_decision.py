@@ -35,7 +35,8 @@ SMALL = {"capture_sizes": (16, 32), "max_num_reqs": 32, "max_num_batched_tokens"
 # The variant switches the oracle must model as the config selects them (docs/spec.md §7).
 SWITCHES = {"guard": st.sampled_from(list(Guard)), "twins": st.sampled_from(list(Twins)),
             "threshold_offset_rank": st.one_of(st.none(), st.integers(0, 1)),
-            "threshold_offset": st.integers(-4, 16)}
+            "threshold_offset": st.integers(-4, 16),
+            "query_len_bound": st.sampled_from(("synced", "rank-local"))}
 
 
 @st.composite
@@ -62,7 +63,8 @@ def wide_configs(draw) -> HarnessConfig:
 def decision_steps(draw):
     """A config (the fuzzer's space or the wide one) and one batch per rank, from a skew
     shape or each rank on its own."""
-    config = draw(st.one_of(fuzz_configs(drawn=SWITCHES), wide_configs()))
+    # One fuzz config in four has draft tokens (docs/spec.md §1.6).
+    config = draw(st.one_of(fuzz_configs(drawn=SWITCHES, drafts_every=4), wide_configs()))
     if draw(st.booleans()):
         batches = draw(skewed_batches(config))
     else:

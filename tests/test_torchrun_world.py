@@ -105,7 +105,7 @@ def test_a_rank_that_aborts_is_named_with_its_signal_and_last_collective(faulty_
     crashed = result.steps[1].records[1]
     assert crashed.error.kind == "RankCrashed", crashed.error
     assert crashed.error.message == ("died of a fatal signal (Aborted); its last collective: "
-                                     f"all_reduce [6, {faulty_world.nproc}] int32")
+                                     f"all_reduce [7, {faulty_world.nproc}] int32")
     assert result.steps[0].ok  # the step before the abort held
     errors = next(v for v in result.steps[1].verdicts if v.checker == "errors")
     assert errors.ok and "rank 1 RankCrashed" in errors.detail

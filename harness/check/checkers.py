@@ -231,7 +231,8 @@ def _decision_fields(plan: StepPlan) -> dict[str, object]:
     # on any rank where the harness reports the graph's, by definition on both sides.
     return {"decision": plan.kind, "graph": plan.desc.label(), "padded_tokens": plan.num_tokens,
             "regions (real/size)": " ".join(f"{r.real_tokens}/{r.tokens}" for r in plan.regions),
-            "tokens_across_dp": plan.state.num_tokens_across_dp if plan.state else None}
+            "tokens_across_dp": plan.state.num_tokens_across_dp if plan.state else None,
+            "skip_drafts": plan.state.skip_drafts if plan.state else None}
 
 
 def check_differential(records: Sequence[StepRecord],
@@ -282,6 +283,7 @@ def _spec_fields(plan: StepPlan) -> list[tuple[str, object]]:
             ("tokens_across_dp", state and state.num_tokens_across_dp),
             ("synced uct", state and state.uniform_token_count),
             ("sync eager", state and state.eager), ("sync num_reqs", state and state.num_reqs),
+            ("skip_drafts", state and state.skip_drafts),
             ("padded_tokens", plan.num_tokens), ("padded_reqs", plan.num_reqs),
             ("real_tokens", plan.real_tokens),
             ("regions (real/size)", " ".join(f"{r.real_tokens}/{r.tokens}"

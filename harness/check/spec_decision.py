@@ -142,7 +142,13 @@ def graph_table(config: HarnessConfig, rank: int) -> list[GraphDescriptor]:
     largest = max(sizes, default=0)
     table: list[GraphDescriptor] = []
     for s in sizes:
-        if decode_mode is not None:
+        if decode_mode is not None and config.varlen_decode:
+            # §2.2 rule 2, varlen: one graph per size up to the decode limit, taking any mix
+            # of 1..q tokens per request, bounded by max_query_len = q instead of a uct.
+            if s <= config.max_num_reqs * q:
+                table.append(GraphDescriptor(decode_mode, s, min(s, config.max_num_reqs),
+                                             max_query_len=q))
+        elif decode_mode is not None:
             tokens = ((s + q - 1) // q) * q
             reqs = tokens // q
             if (tokens <= config.max_num_reqs * q and tokens <= largest
@@ -191,9 +197,11 @@ def spec_plans(config: HarnessConfig, batches: Sequence[RankBatch]) -> list[Step
     # §1.1 rows, column r from rank r alone; the vote is the rank's own unsplit dispatch.
     # An idle rank brings vLLM's dummy batch: one request of q tokens, a uniform decode.
     q = config.decode_query_len
-    deciding = [b if b.num_tokens else RankBatch(q, 1, q, b.allow_ubatching, (q,))
-                for b in batches]
+    deciding = [b if b.num_tokens else RankBatch(q, 1, q, b.allow_ubatching, (q,), q,
+                                                 b.allow_skip_drafts) for b in batches]
     tokens, votes, ucts, max_query_lens, allows, reqs = [], [], [], [], [], []
+    # §1.6: drafts are skipped only when every rank allows it.
+    skip = all(b.allow_skip_drafts for b in deciding)
     for rank, batch in enumerate(deciding):
         tokens.append(batch.num_tokens)
         votes.append(dispatch(tables[rank], batch.num_reqs, batch.num_tokens,
@@ -206,6 +214,9 @@ def spec_plans(config: HarnessConfig, batches: Sequence[RankBatch]) -> list[Step
     for rank, batch in enumerate(batches):
         desc, state = decide(config, tables[rank], deciding[rank], tokens, votes, ucts,
                              max_query_lens, allows, reqs)
+        if state is not None:
+            state = DpSyncState(state.num_tokens_across_dp, state.uniform_token_count,
+                                state.eager, state.num_reqs, skip_drafts=skip)
         plans.append(pad_and_split(rank, batch, desc, state))
     return plans
 
@@ -242,6 +253,8 @@ def decide(config: HarnessConfig, table: Sequence[GraphDescriptor], batch: RankB
                 DpSyncState(tuple(tokens), synced_uct, eager=True, num_reqs=max_reqs))
     # 4 / T4-T6: one unsplit dispatch of the largest rank; no graph means eager at max.
     synced_mql = None if -1 in max_query_lens else max(max_query_lens)
+    if config.query_len_bound.value == "rank-local":  # §7.17: the rank's own bound
+        synced_mql = batch.max_query_len
     desc = dispatch(table, batch.num_reqs, max_tokens, synced_uct, synced_mql)
     state_reqs = desc.num_reqs if desc.cg_mode is FULL else max_reqs
     return desc, DpSyncState((desc.num_tokens,) * dp, synced_uct, eager=False,

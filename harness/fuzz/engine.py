@@ -234,7 +234,7 @@ def scenario_strategy(variant: Variant, fixed: Mapping[str, Any],
     """The variant's planted bug and the user's pinned fields over the fuzzer's space."""
     pinned = {**dict(variant.changes), **fixed}
     config = fuzz_configs(pinned, dp_sizes=dp_sizes, ubatch_counts=variant.ubatch_counts,
-                          drawn=dict(variant.drawn))
+                          drawn=dict(variant.drawn), drafts_every=variant.drafts_every)
     return scenarios(config, max_steps=MAX_STEPS, fault_kinds=variant.fault_kinds,
                      fault_every=variant.fault_every, name=f"fuzz-{variant.name}")
 

@@ -27,6 +27,9 @@ class Variant:
     ubatch_counts: tuple[int, ...] = (2, 3, 4)
     fault_kinds: tuple[FaultKind, ...] = ()  # the nemesis drawn into scenarios
     fault_every: int = 1  # about one scenario in this many carries a fault
+    # About one config in this many turns microbatching off and draws draft tokens (0: none;
+    # the planted microbatching bugs search where they live).
+    drafts_every: int = 0
     # Fields drawn per example rather than fixed (their strategies).
     drawn: tuple[tuple[str, st.SearchStrategy], ...] = field(default=(), compare=False)
 
@@ -40,7 +43,7 @@ CONTAINED_FAULTS = (FaultKind.RAISE_IN_UBATCH, FaultKind.RETURN_WITHOUT_YIELDING
 VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("reference", "the fixed guard, reachable twins, abortable protocol, capture on the "
             "runner's stream; with contained microbatch faults now and then",
-            fault_kinds=CONTAINED_FAULTS, fault_every=8),
+            fault_kinds=CONTAINED_FAULTS, fault_every=8, drafts_every=8),
     Variant("guard-merged", "PR #51700 as merged (and vllm 0.33.0): eager only when "
             "2 * min < G, so a rank at exactly G / 2 replays an empty microbatch",
             changes=(("guard", "merged"),), undo=(("guard", "fixed"),),
@@ -107,6 +110,17 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
             "all-to-alls it never joins (vLLM PR #50945's review)",
             changes=(("ubatch_vote", "rank-local"),), undo=(("ubatch_vote", "synced"),),
             caught_by=("split_consensus", "agreement", "errors")),
+    Variant("rank-local-query-len-bound", "with draft tokens and varlen decode graphs, a rank "
+            "dispatches with its own query-length bound instead of the synced one, so a decode "
+            "rank replays a varlen decode graph its peers with a prefill cannot "
+            "(docs/spec.md §7.17)",
+            changes=(("query_len_bound", "rank-local"),), undo=(("query_len_bound", "synced"),),
+            caught_by=("agreement", "executes_plan", "errors"),
+            # The bug lives where varlen decode graphs exist: drafts (so no microbatching)
+            # and a separate decode routine whose mixed steps still pad (PIECEWISE).
+            drawn=(("enable_dbo", st.just(False)), ("ubatch_size", st.just(0)),
+                   ("decode_query_len", st.integers(2, 4)), ("varlen_decode", st.just(True)),
+                   ("cudagraph_mode", st.sampled_from(("FULL_AND_PIECEWISE",))))),
 )}
 
 
@@ -119,7 +133,7 @@ SUT_VARIANTS: dict[str, Variant] = {v.name: v for v in (
             # differential_base first: with --differential-against base, a decision a fix
             # was not meant to change is named as such (differential fails there too).
             caught_by=("differential_base", "no_empty_region", "differential",
-                       "captured_split", "graphs_reachable")),
+                       "captured_split", "graphs_reachable"), drafts_every=8),
 )}
 
 

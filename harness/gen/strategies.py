@@ -12,7 +12,7 @@ from typing import Any
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from harness.batch import RankBatch
+from harness.batch import RankBatch, dummy_query_lens
 from harness.config import All2AllBackend, CudaGraphMode, Guard, HarnessConfig, ubatching_fields
 from harness.errors import ConfigError
 from harness.faults import Fault, FaultKind
@@ -61,18 +61,31 @@ def configs(draw, *, dp_sizes=(2, 3, 4), ubatch_counts=(2, 3, 4), modes=GRAPH_MO
 @st.composite
 def fuzz_configs(draw, fixed: Mapping[str, Any] | None = None, *,
                  dp_sizes: Sequence[int] = (2, 3, 4), ubatch_counts: Sequence[int] = (2, 3, 4),
-                 drawn: Mapping[str, st.SearchStrategy] | None = None) -> HarnessConfig:
+                 drawn: Mapping[str, st.SearchStrategy] | None = None,
+                 drafts_every: int = 0) -> HarnessConfig:
     """Configs from the fuzzer's small space. `fixed` fields (what the user pinned, and the
-    variant's planted bug) are kept as given; `drawn` adds strategies for other fields."""
-    fixed = dict(fixed or {})
+    variant's planted bug) are kept as given; `drawn` adds strategies for other fields. About
+    one config in `drafts_every` (0: none) turns microbatching off and draws draft tokens."""
+    fixed, drawn = dict(fixed or {}), dict(drawn or {})
 
     def pick(name: str, strategy: st.SearchStrategy) -> Any:
         return fixed.pop(name) if name in fixed else draw(strategy)
 
+    def pick_early(name: str, strategy: st.SearchStrategy) -> Any:
+        # Fields that shape what is drawn next: a variant's strategy applies at once.
+        return fixed.pop(name) if name in fixed else draw(drawn.pop(name, strategy))
+
     fields: dict[str, Any] = {"dp_size": pick("dp_size", st.sampled_from(dp_sizes))}
-    pinned = {key: fixed.pop(key) for key in ("enable_dbo", "ubatch_size") if key in fixed}
+    pinned = {key: fixed.pop(key) if key in fixed else draw(drawn.pop(key))
+              for key in ("enable_dbo", "ubatch_size") if key in fixed or key in drawn}
+    # Microbatching off is the only place draft tokens exist (vLLM rejects speculative
+    # decoding with DBO); the last value, so that the simplest config keeps it on.
+    if not pinned and drafts_every and draw(st.integers(1, drafts_every)) == drafts_every:
+        pinned = {"enable_dbo": False, "ubatch_size": 0}
     fields.update(pinned or ubatching_fields(draw(st.sampled_from(ubatch_counts))))
     k = HarnessConfig.microbatches_of(fields.get("enable_dbo", True), fields.get("ubatch_size", 0))
+    if k == 1:
+        fields.update(draft_fields(draw, pick_early))
     mode = pick("cudagraph_mode", st.sampled_from(GRAPH_MODES))
     sizes = pick("capture_sizes", st.lists(st.sampled_from(SIZE_CHOICES), min_size=1,
                                            max_size=2, unique=True).map(sorted))
@@ -98,7 +111,7 @@ def fuzz_configs(draw, fixed: Mapping[str, Any] | None = None, *,
     if CudaGraphMode.parse(mode) is CudaGraphMode.NONE:
         fields["all2all_backend"] = pick("all2all_backend", st.sampled_from(
             (All2AllBackend.LOW_LATENCY, All2AllBackend.HIGH_THROUGHPUT)))
-    for name, strategy in (drawn or {}).items():
+    for name, strategy in drawn.items():
         fields[name] = pick(name, strategy)
     fields.update(fixed)
     try:
@@ -106,6 +119,14 @@ def fuzz_configs(draw, fixed: Mapping[str, Any] | None = None, *,
     except ConfigError:
         assume(False)
         raise  # unreachable: assume(False) rejects the example
+
+
+def draft_fields(draw, pick) -> dict[str, Any]:
+    """Speculative decoding's fields (docs/spec.md §1.6): 1 + up to 3 draft tokens per decode
+    request, and about half the time varlen decode graphs (adaptive verification)."""
+    q = pick("decode_query_len", st.integers(1, 4))
+    varlen = pick("varlen_decode", st.booleans() if q > 1 else st.just(False))
+    return {"decode_query_len": q, "varlen_decode": varlen}
 
 
 def uneven_reqs(size: int) -> int:
@@ -217,6 +238,8 @@ def straddling_token_counts(draw, config: HarnessConfig) -> list[int]:
 def skewed_batches(draw, config: HarnessConfig) -> list[RankBatch]:
     """One batch per rank: the token counts of a skew shape, laid out either as a pure
     decode step on every rank (what microbatched graphs serve) or each rank on its own."""
+    if config.decode_query_len > 1:
+        return draw(draft_batches(config))
     if config.dp_size > 1 and draw(st.integers(0, 7)) == 0:
         mixed = draw(decode_beside_mixed(config))
         if mixed:
@@ -226,6 +249,43 @@ def skewed_batches(draw, config: HarnessConfig) -> list[RankBatch]:
     if draw(st.booleans()) and max(counts) <= decode_limit:
         return [RankBatch.uniform(n, 1) for n in counts]
     return [draw(rank_batch(config, n)) for n in counts]
+
+
+DRAFT_LAYOUTS = ("varlen", "uniform", "prefill")
+
+
+@st.composite
+def draft_batches(draw, config: HarnessConfig) -> list[RankBatch]:
+    """With draft tokens (q = decode_query_len > 1), each rank's skewed token count laid out
+    as decodes of 1..q tokens (what varlen decode graphs serve), uniform decodes of exactly q
+    (the uniform spec-decode graphs), or a batch with a prefill (no query-length bound), next
+    to each other; and each rank's skip_drafts vote (docs/spec.md §1.6)."""
+    counts = draw(skewed_token_counts(config))
+    everyone_skips = draw(st.integers(0, 3)) == 3
+    batches = []
+    for n in counts:
+        skip = True if everyone_skips else draw(st.booleans())
+        allow = _allows_ubatching(draw)
+        lens = draft_layout(config, n, draw(st.sampled_from(DRAFT_LAYOUTS)), draw)
+        batches.append(RankBatch.from_query_lens(lens, allow, config.decode_query_len, skip))
+    return batches
+
+
+def draft_layout(config: HarnessConfig, n: int, layout: str, draw) -> tuple[int, ...]:
+    """`n` tokens as requests of one layout; a layout the limits do not allow falls back to
+    the next (uniform to varlen to prefill), and a prefill needs more than q tokens."""
+    q, limit = config.decode_query_len, config.max_num_reqs
+    if n == 0:
+        return ()
+    if layout == "uniform" and q <= n and n // q <= limit:
+        return (q,) * (n // q)  # the rest of the count is dropped: a uniform step is whole
+    if layout in ("uniform", "varlen") and -(-n // q) <= limit:
+        reqs = draw(st.integers(-(-n // q), min(n, limit)))
+        return dummy_query_lens(reqs, n)  # tokens // reqs each, the rest one more: 1..q
+    if n > q:
+        reqs = draw(st.integers(1, min(n - q, limit)))
+        return (n - reqs + 1,) + (1,) * (reqs - 1)  # one prefill chunk longer than q
+    return (1,) * min(n, limit)
 
 
 @st.composite
@@ -290,8 +350,8 @@ def scenarios(draw, config_strategy: st.SearchStrategy[HarnessConfig], *,
     (always when fault_every is 1, else about one scenario in fault_every)."""
     config = draw(config_strategy)
     drawn = [draw(skewed_batches(config)) for _ in range(draw(st.integers(1, max_steps)))]
-    ranks = [tuple(RankStep(b.request_query_lens(), b.allow_ubatching) for b in batches)
-             for batches in drawn]
+    ranks = [tuple(RankStep(b.request_query_lens(), b.allow_ubatching, b.allow_skip_drafts)
+                   for b in batches) for batches in drawn]
     planted = ()
     # The fault sits at the top of the draw so that the simplest example has none: Hypothesis
     # starts from and shrinks toward the simplest, and a faulted example costs its timeouts.

@@ -32,6 +32,8 @@ class GraphDescriptor:
             parts.append(f"{self.num_reqs}req")
         if self.uniform_token_count is not None:
             parts.append(f"uct{self.uniform_token_count}")
+        if self.max_query_len is not None:
+            parts.append(f"mql{self.max_query_len}")
         if self.num_ubatches > 1:
             parts.append(f"ub{self.num_ubatches}")
         return "/".join(parts)
@@ -45,6 +47,8 @@ class DpSyncState:
     uniform_token_count: int | None
     eager: bool
     num_reqs: int
+    # Every rank allows skipping this step's drafts (vLLM's skip_drafts row, §1.6).
+    skip_drafts: bool = False
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,7 @@ class StepPlan:
             "num_ubatches": desc.num_ubatches,
             "uniform_token_count": desc.uniform_token_count,
             "graph_num_reqs": None if desc.cg_mode is CudaGraphMode.NONE else desc.num_reqs,
+            "skip_drafts": self.state and self.state.skip_drafts,
             "dp_sync": self.state,
             "region_sizes": tuple(r.tokens for r in self.regions),
         }

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.batch import RankBatch, deciding_batch
-from harness.bug_switches import UbatchVote
+from harness.bug_switches import QueryLenBound, UbatchVote
 from harness.config import CudaGraphMode, HarnessConfig
 from harness.history.decision import DpSyncState, GraphDescriptor
 from harness.runtime.comm import CollectiveLog, all_reduce_sum
@@ -22,8 +22,9 @@ from harness.sut.graph_table import GraphTable
 from harness.sut.thresholds import guard_sends_to_eager, ubatch_thresholds_met
 
 # Rows of the gathered matrix; column r is rank r's contribution.
-ROW_TOKENS, ROW_CG_MODE, ROW_UCT, ROW_MAX_QUERY_LEN, ROW_ALLOW_UBATCH, ROW_NUM_REQS = range(6)
-NUM_ROWS = 6
+(ROW_TOKENS, ROW_CG_MODE, ROW_UCT, ROW_MAX_QUERY_LEN, ROW_ALLOW_UBATCH, ROW_NUM_REQS,
+ ROW_SKIP_DRAFTS) = range(7)
+NUM_ROWS = 7
 
 
 @dataclass(frozen=True)
@@ -33,42 +34,48 @@ class SyncDecision:
 
 
 def local_column(table: GraphTable, batch: RankBatch) -> tuple[int, ...]:
-    """This rank's column: tokens, graph-mode vote, uct, max query len, allow, requests
-    (an idle rank's from its dummy batch)."""
+    """This rank's column: tokens, graph-mode vote, uct, max query len (-1: a prefill), allow,
+    requests, skip-drafts vote (an idle rank's from its dummy batch)."""
     batch = deciding_batch(batch, table.config.decode_query_len)
     vote = table.dispatch(batch.num_reqs, batch.num_tokens, batch.uniform_token_count,
                           batch.max_query_len).cg_mode
     max_query_len = batch.max_query_len
     return (batch.num_tokens, vote.value, batch.uniform_token_count or 0,
             -1 if max_query_len is None else max_query_len, int(batch.allow_ubatching),
-            batch.num_reqs)
+            batch.num_reqs, int(batch.allow_skip_drafts))
 
 
 def decide_from_matrix(config: HarnessConfig, table: GraphTable,
                        rows: Sequence[Sequence[int]], batch: RankBatch) -> SyncDecision:
     """The decision of one rank from the gathered matrix and its own (or dummy) batch."""
     batch = deciding_batch(batch, config.decode_query_len)
-    tokens, votes, ucts, max_query_lens, allows, reqs = (list(r) for r in rows)
+    tokens, votes, ucts, max_query_lens, allows, reqs, skips = (list(r) for r in rows)
     local_uct = batch.uniform_token_count or 0
     synced_uct = ucts[0] if ucts[0] != 0 and all(u == ucts[0] for u in ucts) else None
+    skip_drafts = all(s == 1 for s in skips)
     if all(a == 1 for a in allows):
         uniform_decode = (batch.uniform_token_count == config.decode_query_len
                           and all(u == local_uct for u in ucts))
         min_tokens = min(tokens)
         if ubatch_thresholds_met(config, min_tokens, uniform_decode) and not (
                 opts_out_alone(config, batch)):
-            return _microbatched(config, table, tokens, reqs, batch, synced_uct)
+            return _microbatched(config, table, tokens, reqs, batch, synced_uct, skip_drafts)
 
     synced_mode = CudaGraphMode(min(votes))
     if synced_mode is CudaGraphMode.NONE:
         desc = GraphDescriptor(CudaGraphMode.NONE, batch.num_tokens, batch.num_reqs)
-        state = DpSyncState(tuple(tokens), synced_uct, eager=True, num_reqs=max(reqs))
+        state = DpSyncState(tuple(tokens), synced_uct, eager=True, num_reqs=max(reqs),
+                            skip_drafts=skip_drafts)
         return SyncDecision(desc, state)
+    # Varlen decode graphs are chosen by the bound, so every rank dispatches with the synced
+    # one: the largest, or none when some rank has a prefill (docs/spec.md §1.6).
     synced_max_query_len = None if -1 in max_query_lens else max(max_query_lens)
+    if config.query_len_bound is QueryLenBound.RANK_LOCAL:
+        synced_max_query_len = batch.max_query_len  # the slip of §7.17
     desc = table.dispatch(batch.num_reqs, max(tokens), synced_uct, synced_max_query_len)
     num_reqs = desc.num_reqs if desc.cg_mode is CudaGraphMode.FULL else max(reqs)
     state = DpSyncState((desc.num_tokens,) * len(tokens), synced_uct, eager=False,
-                        num_reqs=num_reqs)
+                        num_reqs=num_reqs, skip_drafts=skip_drafts)
     return SyncDecision(desc, state)
 
 
@@ -80,7 +87,7 @@ def opts_out_alone(config: HarnessConfig, batch: RankBatch) -> bool:
 
 
 def _microbatched(config: HarnessConfig, table: GraphTable, tokens: list[int], reqs: list[int],
-                  batch: RankBatch, synced_uct: int | None) -> SyncDecision:
+                  batch: RankBatch, synced_uct: int | None, skip_drafts: bool) -> SyncDecision:
     # Once the threshold holds on the minimum the step is always split k ways; the only
     # choice left is a FULL twin graph or an eager microbatched run.
     k = config.num_ubatches
@@ -97,7 +104,8 @@ def _microbatched(config: HarnessConfig, table: GraphTable, tokens: list[int], r
         assert desc.num_reqs is not None, "a FULL graph always pads requests"
         num_reqs = desc.num_reqs
     state = DpSyncState((desc.num_tokens,) * len(tokens), synced_uct,
-                        eager=desc.cg_mode is CudaGraphMode.NONE, num_reqs=num_reqs)
+                        eager=desc.cg_mode is CudaGraphMode.NONE, num_reqs=num_reqs,
+                        skip_drafts=skip_drafts)
     return SyncDecision(desc, state)
 
 

@@ -54,7 +54,14 @@ def _capture_candidates(config: HarnessConfig, rank: int) -> list[GraphDescripto
             out.append(desc)
 
     for size in config.cudagraph_capture_sizes:
-        if mode.separate_routine() and decode_mode is not CudaGraphMode.NONE:
+        if (mode.separate_routine() and decode_mode is not CudaGraphMode.NONE
+                and config.varlen_decode):
+            # Varlen decode graphs (vLLM's varlen_decode, docs/spec.md §2.2 rule 2): any mix
+            # of 1..q tokens per request, so as many requests as tokens (up to the limit).
+            if size <= max_decode_tokens:
+                add(GraphDescriptor(decode_mode, size, min(size, config.max_num_reqs),
+                                    max_query_len=q), dedupe=False)
+        elif mode.separate_routine() and decode_mode is not CudaGraphMode.NONE:
             tokens = -(-size // q) * q
             reqs = tokens // q
             if (tokens <= max_decode_tokens and tokens <= config.max_capture_size

@@ -100,7 +100,7 @@ class RankRuntime:
     def step(self, index: int, requests: Sequence[RequestSpec], rank_step: RankStep,
              faults: Sequence[Fault] = ()) -> StepRecord:
         start = time.monotonic()
-        batch = rank_step.batch()
+        batch = rank_step.batch(self.config.decode_query_len)
         lens = rank_step.query_lens
         mark = self.log.mark()
         plan, executed, captured_split, replay_split, fingerprint = None, "failed", (), (), ()

@@ -56,8 +56,10 @@ def vllm_graph_manager(config: HarnessConfig):
             mock.patch.object(cudagraph_utils.current_platform, "get_global_graph_pool",
                               lambda: None):
         # No pipeline parallel world and no CUDA graph pool exist on a CPU machine.
-        manager = cudagraph_utils.CudaGraphManager(configs, torch.device("cpu"), mode,
-                                                   decode_query_len=1, ubatch_runner=runner)
+        # varlen_decode: what model_runner.py passes when adaptive verification is on.
+        manager = cudagraph_utils.CudaGraphManager(
+            configs, torch.device("cpu"), mode, decode_query_len=config.decode_query_len,
+            varlen_decode=config.varlen_decode, ubatch_runner=runner)
     # Nothing is captured; dispatch only needs to believe capture has finished.
     manager._graphs_captured = True
     return manager

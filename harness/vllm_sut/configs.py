@@ -64,7 +64,8 @@ class VllmConfigSlice:
     # get_num_ubatches of the vLLM code under test (a checkout's or a patched one).
     get_num_ubatches: Callable[[ParallelConfig], int] = field(compare=False, repr=False)
     model_config: _NoModel = _NoModel()
-    speculative_config: None = None  # speculative decoding is unsupported with DBO
+    # Drafts are given by their count alone: no dynamic speculative decoding is modelled.
+    speculative_config: None = None
     num_speculative_tokens: int = 0
     uniform_decode_query_len: int = 1
     performance_mode: str = "balanced"
@@ -90,8 +91,9 @@ def _build(field: str, build: Any, **kwargs: Any) -> Any:
 @lru_cache(maxsize=64)
 def vllm_configs(config: HarnessConfig) -> VllmConfigSlice:
     """vLLM's configs for `config`; ConfigError (naming the harness field) when vLLM says no."""
-    if config.decode_query_len != 1:
-        raise ConfigError("decode_query_len", "vLLM forbids speculative decoding with DBO")
+    if config.decode_query_len != 1 and config.use_ubatching:
+        # VllmConfig._get_dbo_unsupported_features lists speculative decoding.
+        raise ConfigError("decode_query_len", "vLLM rejects speculative decoding with DBO")
     parallel = _build(
         "num_ubatches", ParallelConfig,
         data_parallel_size=config.dp_size,
@@ -113,8 +115,10 @@ def vllm_configs(config: HarnessConfig) -> VllmConfigSlice:
         "cudagraph_mode", CompilationConfig,
         cudagraph_mode=CUDAGraphMode[config.cudagraph_mode.name], **sizes,
     )
+    q = config.decode_query_len
     configs = VllmConfigSlice(parallel, scheduler, compilation, CacheConfig(),
-                              vllm_code(config).ubatch_utils.get_num_ubatches)
+                              vllm_code(config).ubatch_utils.get_num_ubatches,
+                              num_speculative_tokens=q - 1, uniform_decode_query_len=q)
     # vLLM's own ladder: dedupes and filters given sizes, or builds the default ladder,
     # then sets max_cudagraph_capture_size. It mutates the CompilationConfig built above.
     _build("capture_sizes", VllmConfig._set_cudagraph_sizes, self=configs)

@@ -124,10 +124,11 @@ def sync_with(stand_in, config: HarnessConfig, rank: int, batch: RankBatch) -> S
             # The runner allows microbatching iff it has a UBatchRunner (not a profile run).
             allow_ubatching=batch.allow_ubatching and manager.ubatch_runner is not None,
             uniform_decode=uct == config.decode_query_len,
+            allow_skip_drafts=batch.allow_skip_drafts,
         )
     if state is None:
         return SyncDecision(to_harness(desc), None)
-    # skip_drafts (vLLM's 7th row) has no harness counterpart: no drafts with DBO.
     harness_state = DpSyncState(tuple(int(n) for n in state.num_tokens_across_dp.tolist()),
-                                state.uniform_token_count, bool(state.eager), int(state.num_reqs))
+                                state.uniform_token_count, bool(state.eager), int(state.num_reqs),
+                                bool(state.skip_drafts))
     return SyncDecision(to_harness(desc), harness_state)

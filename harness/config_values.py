@@ -1,0 +1,51 @@
+"""Value rules of the harness configuration that need no HarnessConfig: enum parsing, vLLM's
+default capture-size ladder, and the speculative-decoding fields (docs/spec.md §0.3, §1.6)."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from harness.errors import ConfigError
+
+
+def parse_enum(enum_cls: type[enum.Enum], value: Any, field_name: str) -> enum.Enum:
+    if isinstance(value, enum_cls):
+        return value
+    try:
+        return enum_cls(value)
+    except ValueError:
+        allowed = ", ".join(str(m.value) for m in enum_cls)
+        raise ConfigError(field_name, f"unknown value {value!r} (one of {allowed})") from None
+
+
+def default_capture_sizes(max_num_reqs: int, max_num_batched_tokens: int,
+                          decode_query_len: int = 1) -> tuple[int, ...]:
+    """vLLM's default capture-size ladder (docs/spec.md §0.3)."""
+    largest = min(max_num_reqs * decode_query_len * 2, 512, max_num_batched_tokens)
+    sizes = {s for s in (1, 2, 4) if s <= largest}
+    if largest >= 8:
+        sizes.update(range(8, min(largest + 1, 256), 8))
+    if largest >= 256:
+        sizes.update(range(256, largest + 1, 16))
+    if max_num_batched_tokens <= largest:
+        sizes.add(max_num_batched_tokens)
+    return tuple(sorted(sizes))
+
+
+def check_spec_decoding(decode_query_len: Any, varlen_decode: Any, use_ubatching: bool) -> None:
+    """Draft tokens (decode_query_len > 1) exist only without microbatching: vLLM's
+    VllmConfig._get_dbo_unsupported_features rejects speculative decoding with DBO; varlen
+    decode graphs (adaptive verification) exist only with drafts (docs/spec.md §1.6)."""
+    if (not isinstance(decode_query_len, int) or isinstance(decode_query_len, bool)
+            or decode_query_len < 1):
+        raise ConfigError("decode_query_len",
+                          f"must be a positive integer, got {decode_query_len!r}")
+    if use_ubatching and decode_query_len != 1:
+        raise ConfigError("decode_query_len", f"is {decode_query_len}; vLLM rejects "
+                          "speculative decoding with DBO (microbatching): use 1")
+    if not isinstance(varlen_decode, bool):
+        raise ConfigError("varlen_decode", f"must be true or false, got {varlen_decode!r}")
+    if varlen_decode and decode_query_len == 1:
+        raise ConfigError("varlen_decode", "needs decode_query_len > 1 (varlen decode graphs "
+                          "serve speculative decoding's adaptive verification)")

@@ -1,0 +1,116 @@
+"""Draft tokens with vLLM's own decision code in the slots (docs/spec.md §1.6): its candidates
+with decode_query_len > 1 and varlen decode graphs, its dispatch by the query-length bound,
+its skip_drafts row, and a rank-local bound planted in its dp_utils, found by differential.
+
+Skipped where vLLM does not import."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.batch import RankBatch
+from harness.config import HarnessConfig
+from harness.fuzz.engine import FUZZ_TIMEOUTS, Budget, fuzz
+from harness.fuzz.variants import SUT_VARIANTS
+from harness.sut.graph_table import GraphTable
+from harness.sut.step_plan import plan_without_world
+from harness.vllm_code.source import read_patch
+from harness.vllm_sut.available import unavailable_reason, vllm_version
+from harness.world.sim import SimWorld
+
+if vllm_version() is None:
+    pytest.skip(unavailable_reason(), allow_module_level=True)
+
+from harness.vllm_sut.candidates import vllm_capture_order, vllm_dispatch  # noqa: E402
+from harness.vllm_sut.offline import vllm_plans_without_world  # noqa: E402
+
+only_0_33 = pytest.mark.skipif(vllm_version() != "0.33.0",
+                               reason=f"the patch is against vllm 0.33.0, this is "
+                               f"{vllm_version()}")
+PATCH = Path(__file__).resolve().parents[1] / "scenarios" / "vllm" / "patches" / \
+    "rank-local-query-len-bound.diff"
+
+CONFIGS = [HarnessConfig(enable_dbo=False, decode_query_len=q, varlen_decode=varlen,
+                         cudagraph_mode=mode, capture_sizes=sizes, max_num_reqs=reqs,
+                         max_num_batched_tokens=64)
+           for q, varlen, mode, sizes, reqs in itertools.product(
+               (2, 3, 4), (False, True), ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "FULL"),
+               ((4, 12), (8, 16, 48)), (3, 8, 64))]
+
+
+def name(config: HarnessConfig) -> str:
+    return (f"q{config.decode_query_len}-{'varlen' if config.varlen_decode else 'uniform'}-"
+            f"{config.cudagraph_mode.name}-{'.'.join(map(str, config.capture_sizes))}-"
+            f"r{config.max_num_reqs}")
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=name)
+def test_vllm_captures_the_draft_graph_tables_descriptors_in_the_same_order(config):
+    ours = [d.label() for d in GraphTable.build(config).capture_order()]
+    theirs = [d.label() for d in vllm_capture_order(config)]
+    assert ours == theirs
+
+
+def layouts(q: int, tokens: int, limit: int):
+    """Decode layouts of 1..q tokens per request, a uniform one, and one with a prefill."""
+    for reqs in range(-(-tokens // q), min(tokens, limit) + 1):
+        base, extra = divmod(tokens, reqs)
+        yield (base,) * (reqs - extra) + (base + 1,) * extra
+    yield (tokens,)  # a prefill when tokens > q
+
+
+@pytest.mark.parametrize("config", [c for c in CONFIGS if c.max_num_reqs != 64], ids=name)
+def test_vllm_dispatches_every_draft_batch_like_the_graph_table(config):
+    table = GraphTable.build(config)
+    q = config.decode_query_len
+    mismatches = []
+    for tokens in range(1, 50):
+        for lens in layouts(q, tokens, config.max_num_reqs):
+            b = RankBatch.from_query_lens(lens, decode_query_len=q)
+            args = (b.num_reqs, b.num_tokens, b.uniform_token_count, b.max_query_len)
+            ours, theirs = table.dispatch(*args), vllm_dispatch(config, *args)
+            if ours != theirs:
+                mismatches.append(f"{lens}: harness {ours.label()}, vllm {theirs.label()}")
+    assert not mismatches, "\n".join(mismatches[:20])
+
+
+def agreed(state):
+    return (state.num_tokens_across_dp, state.uniform_token_count, state.eager,
+            state.skip_drafts)
+
+
+@pytest.mark.parametrize("skips", [(True, True, True), (True, True, False), (False, True, True)])
+def test_vllm_syncs_the_query_len_bound_and_skip_drafts_as_the_harness_does(skips):
+    config = HarnessConfig(dp_size=3, enable_dbo=False, decode_query_len=3, varlen_decode=True,
+                           cudagraph_mode="FULL_AND_PIECEWISE", capture_sizes=(8, 16),
+                           max_num_reqs=8, max_num_batched_tokens=64)
+    for lens in (((1, 3, 2), (2, 1), ()), ((1, 3, 2), (5, 1), (3,)), ((3, 3), (3,), (3, 3))):
+        batches = [RankBatch.from_query_lens(ls, decode_query_len=3, allow_skip_drafts=s)
+                   for ls, s in zip(lens, skips, strict=True)]
+        ours = plan_without_world(config, batches)
+        theirs = vllm_plans_without_world(config.with_changes(sut="vllm"), batches)
+        # num_reqs left out: vLLM 0.33.0 syncs the most real requests, the harness the graph's.
+        assert [agreed(p.state) for p in theirs] == [agreed(p.state) for p in ours]
+        assert [p.desc for p in theirs] == [p.desc for p in ours]
+        assert {p.state.skip_drafts for p in ours} == {all(skips)}
+
+
+@only_0_33
+def test_a_rank_local_bound_in_vllms_dp_utils_is_found_by_differential_within_30_s(tmp_path):
+    fixed = {"enable_dbo": False, "ubatch_size": 0, "vllm_patches": (read_patch(PATCH),)}
+    vllm_plans_without_world(HarnessConfig(dp_size=2, sut="vllm"), [RankBatch.uniform(1)] * 2)
+    start = time.monotonic()  # vLLM's modules are imported: what is timed is the search
+    with SimWorld(2, FUZZ_TIMEOUTS) as world:
+        outcome = fuzz(SUT_VARIANTS["vllm"], world.run, world="sim", dp_sizes=(2,), fixed=fixed,
+                       budget=Budget(examples=None, seconds=25.0, shrink_seconds=10.0),
+                       database=None, scenario_dir=tmp_path, seed=0)
+    seconds = time.monotonic() - start
+    assert outcome.found and outcome.checker == "differential", outcome.note
+    assert "mql" in outcome.detail  # a varlen decode graph against the reference's choice
+    steps = outcome.scenario.steps
+    assert len(steps) == 1 and len(steps[0]) == 2  # shrunk to one step of two ranks
+    assert seconds < 30.0, seconds
