@@ -29,6 +29,9 @@ class DecisionCode:
                      StepPlan]
     # (config, every rank's batch) -> every rank's plan, with no world (exhaustive, judges)
     plans_without_world: Callable[[HarnessConfig, Sequence[RankBatch]], list[StepPlan]]
+    # Loads the code a config names (vLLM's imports take 12 s on the 2-core machine), so that
+    # a world can pay for it before any rank's deadline starts; None: nothing to load.
+    load: Callable[[HarnessConfig], object] | None = None
 
 
 _REGISTERED: dict[DecisionSystem, DecisionCode] = {
@@ -45,6 +48,13 @@ def _code(config: HarnessConfig) -> DecisionCode:
         raise ConfigError("sut", f"no decision code is registered for {config.sut.value} in "
                           "this process")
     return code
+
+
+def load(config: HarnessConfig) -> None:
+    """Load the decision code `config` names now, outside every deadline."""
+    loader = _code(config).load
+    if loader is not None:
+        loader(config)
 
 
 def graph_table(config: HarnessConfig, rank: int) -> GraphTable:

@@ -23,6 +23,7 @@ from dataclasses import asdict
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from harness.config import DecisionSystem, HarnessConfig
 from harness.errors import ConfigError
 from harness.history.scenario_history import ScenarioHistory
 from harness.scenario import Scenario
@@ -62,6 +63,7 @@ class Zygote:
             log.close()
         self._sock = mine
         self.channel = Channel(Connection(os.dup(mine.fileno())))
+        self.loaded: set[DecisionSystem] = {DecisionSystem.HARNESS}
         try:
             self._expect("ready", ZYGOTE_START_S)
         except BaseException:
@@ -87,6 +89,19 @@ class Zygote:
         channel = Channel(Connection(os.dup(mine.fileno())))
         mine.close()
         return channel, pid
+
+    def load(self, config: HarnessConfig) -> bool:
+        """Load the decision code of `config`'s system in the zygote, once per system; True
+        when this call loaded it (runners forked before lack it)."""
+        if config.sut in self.loaded:
+            return False
+        self.channel.send(("load", config.to_dict()))
+        failure = self._expect("loaded", ZYGOTE_START_S)[1]
+        if failure is not None:
+            raise SandboxError(f"the sim world's zygote could not load {config.sut.value}'s "
+                               f"decision code:\n{failure}")
+        self.loaded.add(config.sut)
+        return True
 
     def reap(self, pid: int) -> int | None:
         """The runner's exit code once it has ended (killed after REAP_S)."""
@@ -182,6 +197,7 @@ class SandboxedSimWorld:
         if scenario.config.dp_size != self.nproc:
             raise ConfigError("dp_size", f"the scenario has {scenario.config.dp_size} ranks "
                               f"but this world has {self.nproc}")
+        self._load_system(scenario.config)
         channel, pid = self._ensure_runner()
         stderr = self._dir / "stderr.txt"
         mark = stderr.stat().st_size if stderr.exists() else 0
@@ -212,6 +228,12 @@ class SandboxedSimWorld:
                 return ScenarioHistory(scenario, t, tuple(startup), tuple(steps))
             elif message[0] == "raised":
                 raise SandboxError(f"the sim world raised in its process:\n{message[1]}")
+
+    def _load_system(self, config: HarnessConfig) -> None:
+        # vLLM's imports take longer than a rank's deadline: loaded once in the zygote, so a
+        # runner forked after a crash has them too.
+        if _acquire_zygote().load(config) and self._runner is not None:
+            self._end_runner()  # forked before the code was loaded
 
     def _ensure_runner(self) -> tuple[Channel, int]:
         if self._runner is None:

@@ -28,7 +28,9 @@ import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from harness.config import HarnessConfig
 from harness.scenario import scenario_from_dict
+from harness.sut import systems
 from harness.timeouts import Timeouts
 from harness.world.parent_death import die_with_parent
 from harness.world.sim import SimWorld
@@ -141,6 +143,16 @@ def serve_zygote(fd: int) -> None:
                 os.close(runner_fd)
                 runners.add(pid)
                 channel.send(("forked", pid))
+            elif message[0] == "load":
+                # Imports only (no thread starts), so forking after them stays safe; every
+                # runner forked later starts with the code loaded.
+                try:
+                    systems.load(HarnessConfig.from_dict(message[1]))
+                    gc.collect()
+                    gc.freeze()
+                    channel.send(("loaded", None))
+                except Exception:  # noqa: BLE001 - the driver raises it with this traceback
+                    channel.send(("loaded", traceback.format_exc()))
             elif message[0] == "reap":
                 _, pid, timeout_s = message
                 runners.discard(pid)

@@ -25,6 +25,7 @@ from harness.history.records import StartupRecord, StepRecord
 from harness.history.scenario_history import ScenarioHistory, step_failed, steps_may_run
 from harness.runtime.intra_op import one_intra_op_thread
 from harness.scenario import Scenario
+from harness.sut import systems
 from harness.sut.rank_runtime import RankRuntime
 from harness.sut.step_loop import run_steps
 from harness.timeouts import DEFAULT_TIMEOUTS, Timeouts
@@ -82,6 +83,7 @@ class SimWorld:
             return self._run(scenario, sink or (lambda _message: None))
 
     def _run(self, scenario: Scenario, sink: Callable[[tuple], None]) -> ScenarioHistory:
+        systems.load(scenario.config)  # before the ranks' deadlines, not inside them
         world = self._world()
         runtimes, startup = self._captured(world, scenario.config)
         sink(("startup", tuple(startup)))

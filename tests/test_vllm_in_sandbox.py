@@ -1,0 +1,31 @@
+"""vLLM's imports take longer than a rank's step deadline under the fuzzer's timeouts (12 s on
+the 2-core machine against 7 s): the sandboxed sim world loads them in its zygote before any
+deadline starts, so the first vLLM scenario of a run is judged instead of timing out.
+
+Skipped where vLLM does not import (`make test-vllm` installs it)."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.check.judge import judge
+from harness.fuzz.engine import FUZZ_TIMEOUTS
+from harness.scenario import scenario_from_dict
+from harness.vllm_sut.available import unavailable_reason, vllm_version
+from harness.world.sandbox import SandboxedSimWorld
+
+if vllm_version() is None:
+    pytest.skip(unavailable_reason(), allow_module_level=True)
+
+
+def test_the_first_vllm_scenario_of_a_sandboxed_world_is_judged_not_timed_out():
+    scenario = scenario_from_dict({
+        "name": "first-vllm-scenario",
+        "config": {"dp_size": 2, "sut": "vllm", "capture_sizes": [8, 16],
+                   "max_num_reqs": 16, "max_num_batched_tokens": 64},
+        "steps": [{"ranks": [12, 16]}, {"ranks": [3, 5]}]})
+    with SandboxedSimWorld(2, FUZZ_TIMEOUTS) as world:
+        result = judge(world.run(scenario))
+        again = judge(world.run(scenario))
+    assert result.ok, [f"{v.checker}: {v.detail}" for _, v in result.failed_verdicts()]
+    assert again.ok and world.launches == 1
