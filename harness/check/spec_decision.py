@@ -12,6 +12,7 @@ from one rank, a padding or region slip. Straight loops, rebuilt for every step,
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from harness.batch import RankBatch
 from harness.config import CudaGraphMode, Guard, HarnessConfig, Twins
@@ -215,8 +216,7 @@ def spec_plans(config: HarnessConfig, batches: Sequence[RankBatch]) -> list[Step
         desc, state = decide(config, tables[rank], deciding[rank], tokens, votes, ucts,
                              max_query_lens, allows, reqs)
         if state is not None:
-            state = DpSyncState(state.num_tokens_across_dp, state.uniform_token_count,
-                                state.eager, state.num_reqs, skip_drafts=skip)
+            state = replace(state, skip_drafts=skip)
         plans.append(pad_and_split(rank, batch, desc, state))
     return plans
 

@@ -40,12 +40,7 @@ def _plans_without_world(config: HarnessConfig, batches: Sequence[RankBatch]) ->
 
 
 def _load(config: HarnessConfig) -> None:
-    from harness.vllm_sut.code import ensure_vllm_importable
-
-    ensure_vllm_importable(config.vllm_src)
-    from harness.vllm_sut.candidates import vllm_graph_manager
-
-    vllm_graph_manager(config)  # vLLM's modules, the config's code and its graph manager
+    _graph_table(config, 0)  # imports vLLM, loads the config's code, builds its graph manager
 
 
 register(DecisionSystem.VLLM, DecisionCode(_graph_table, _decide, _plans_without_world, _load))
