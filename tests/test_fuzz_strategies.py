@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, Phase, find, given, settings
+from hypothesis import HealthCheck, Phase, find, given, settings, target
+from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 from harness.config import CudaGraphMode, HarnessConfig
@@ -20,6 +21,7 @@ from harness.gen.strategies import (
     uneven_reqs,
 )
 from harness.scenario import RankStep, Scenario
+from harness.sut.graph_table import GraphTable
 from harness.sut.step_plan import plan_without_world
 from harness.sut.thresholds import last_region_start
 
@@ -193,12 +195,41 @@ def test_one_config_in_twelve_or_more_has_a_capture_size_its_request_limit_does_
     assert uneven >= configs / 12
 
 
+class _Reached(Exception):
+    pass
+
+
+@pytest.mark.parametrize("dp", [2, 3, 4])
+def test_every_seeded_search_for_unreachable_twins_draws_a_config_that_has_them(dp):
+    # Issue 17: the DP 4 search on seed 0 drew no such config in 400 examples (they need FULL
+    # mode and a request limit below the largest capture size), nor did 3 of 30 other
+    # seeded searches in 300. The fuzzer's own strategy, profile and targets, no world.
+    variant, misses = VARIANTS["unreachable-twins"], []
+    for seed in range(4):
+        @settings(settings.get_profile("dev"), max_examples=300, database=None, deadline=None,
+                  phases=[Phase.generate, Phase.target], suppress_health_check=list(HealthCheck))
+        @given(scenario_strategy(variant, {}, (dp,)))
+        def search(scenario):
+            for label, value in steering(scenario).items():
+                target(value, label=label)
+            if GraphTable.build(scenario.config).unreachable_twins():
+                raise _Reached
+
+        try:
+            hypothesis_seed(seed)(search)()
+            misses.append(seed)
+        except _Reached:
+            pass
+    assert not misses, f"DP {dp}: seeds {misses} drew no config with an unreachable twin"
+
+
 def test_an_idle_rank_beside_peers_that_pad_it_past_the_smallest_graph_is_drawn_often():
     # Where an idle rank's dummy batch must pad to the agreed graph (vLLM issue #26137): the
-    # variant draws graph modes and two sizes; 25 steps in 613 here, 15 in 981 for reference.
+    # variant draws graph modes and two sizes. Seeds 0-2: 90 steps in 1842 (41 before FULL
+    # mode drew request limits below the largest size); one fixed sample swung 25 -> 15.
     hits, steps = 0, 0
 
-    @settings(max_examples=300, derandomize=True, database=None, deadline=None,
+    @settings(max_examples=300, database=None, deadline=None,
               suppress_health_check=list(HealthCheck))
     @given(scenario_strategy(VARIANTS["idle-rank-dummy-unpadded"], {}, (2, 3, 4)))
     def count(scenario):
@@ -210,5 +241,6 @@ def test_an_idle_rank_beside_peers_that_pad_it_past_the_smallest_graph_is_drawn_
             hits += any(p.real_tokens == 0 and p.desc.cg_mode is not CudaGraphMode.NONE
                         and p.num_tokens > min(cfg.cudagraph_capture_sizes) for p in plans)
 
-    count()
-    assert hits >= steps / 40
+    for seed in range(3):
+        hypothesis_seed(seed)(count)()
+    assert hits >= steps / 40, (hits, steps)

@@ -21,6 +21,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from harness.bench.cpu import ceiling_per_second, cores, cpu_seconds
 from harness.bench.detection import detection_rows, print_detection, random_seeds
 from harness.check.judge import judge
 from harness.check.stream import judge_stream
@@ -45,6 +46,8 @@ class Row:
     # Shares of the wall time: the slowest rank's steps, the driver's CPU (reference,
     # checks, decoding, sending), and the rest (the wire: messages in flight, ranks idle).
     shares: tuple[float, float, float] | None = None
+    # CPU seconds of every process of the row (ranks and driver), per example, in ms.
+    cpu_ms: float | None = None
 
     @property
     def per_second(self) -> float:
@@ -72,6 +75,8 @@ def persistent(examples: list[Scenario], batch_size: int = 0
         world.run(examples[0])  # capture happens once per config
         kinds: dict[str, int] = {}
         worker_s = []
+        pids = world.rank_pids.values()
+        ranks_cpu = cpu_seconds(pids)
         start, cpu = time.perf_counter(), time.process_time()
         if batch_size:
             results = judge_stream(world.run_many(examples, batch_size), world.run)
@@ -84,10 +89,12 @@ def persistent(examples: list[Scenario], batch_size: int = 0
             kind = records[0].executed
             kinds[kind] = kinds.get(kind, 0) + 1
         elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+        ranks_cpu = cpu_seconds(pids) - ranks_cpu
     mix = ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
     mode = (f"persistent world, batches of {batch_size}, pipelined" if batch_size
             else "persistent world, one example per round trip")
-    return (Row(mode, len(examples), elapsed, mix, _shares(elapsed, sum(worker_s), cpu)),
+    cpu_ms = 1000 * (ranks_cpu + cpu) / len(examples)
+    return (Row(mode, len(examples), elapsed, mix, _shares(elapsed, sum(worker_s), cpu), cpu_ms),
             {f"rank step (ms, median), {mode}": 1000 * statistics.median(worker_s)})
 
 
@@ -110,11 +117,12 @@ def collective_floor(iterations: int) -> Row:
            "-m", "harness.bench.floor", str(iterations)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
                          env={**_env(), "PYTHONPATH": package_pythonpath()})
-    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
-    if out.returncode or not lines:
+    ranks = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode or len(ranks) != 2:
         raise RuntimeError(f"floor job failed:\n{out.stdout[-2000:]}{out.stderr[-2000:]}")
-    seconds = json.loads(lines[-1])["seconds"]
-    return Row("collective floor (sync + 4 all-to-alls)", iterations, seconds)
+    seconds = next(r["seconds"] for r in ranks if r["rank"] == 0)
+    cpu_ms = 1000 * sum(r["cpu"] for r in ranks) / iterations
+    return Row("collective floor (sync + 4 all-to-alls)", iterations, seconds, cpu_ms=cpu_ms)
 
 
 def sim_rows(examples: list[Scenario], rounds: int = 4) -> list[Row]:
@@ -122,35 +130,44 @@ def sim_rows(examples: list[Scenario], rounds: int = 4) -> list[Row]:
     so that a machine's load falls on both alike."""
     worlds = {"sim world, ranks in this process": SimWorld(2, Timeouts()),
               "sim world, sandboxed (the default)": SandboxedSimWorld(2, Timeouts())}
-    seconds = dict.fromkeys(worlds, 0.0)
+    seconds, cpu = dict.fromkeys(worlds, 0.0), dict.fromkeys(worlds, 0.0)
     try:
         for world in worlds.values():
             world.run(examples[0])  # capture happens once per config
         size = -(-len(examples) // rounds)
         for i in range(0, len(examples), size):
             for mode, world in worlds.items():
-                start = time.perf_counter()
+                pids = [pid for pid in [getattr(world, "runner_pid", None)] if pid is not None]
+                start, cpu_start = time.perf_counter(), time.process_time() + cpu_seconds(pids)
                 for example in examples[i:i + size]:
                     assert judge(world.run(example)).ok
                 seconds[mode] += time.perf_counter() - start
+                cpu[mode] += time.process_time() + cpu_seconds(pids) - cpu_start
     finally:
         for world in worlds.values():
             world.close()
-    return [Row(mode, len(examples), s) for mode, s in seconds.items()]
+    return [Row(mode, len(examples), s, cpu_ms=1000 * cpu[mode] / len(examples))
+            for mode, s in seconds.items()]
 
 
 def print_rows(rows: list[Row], floor: Row | None) -> None:
     print(f"{'mode':48} {'examples':>8} {'seconds':>8} {'examples/s':>10} {'ms/example':>10} "
-          f"{'x floor':>8} {'ranks/driver/wire %':>19}  mix")
+          f"{'x floor':>8} {'ranks/driver/wire %':>19} {'cpu ms':>7} {'cpu cap/s':>9}  mix")
     for row in rows:
         times = f"{row.ms_per_example / floor.ms_per_example:8.1f}" if floor else f"{'-':>8}"
         shares = ("/".join(f"{100 * s:.0f}" for s in row.shares) if row.shares else "-")
+        cpu = (f"{row.cpu_ms:7.2f} {ceiling_per_second(row.cpu_ms):9.1f}"
+               if row.cpu_ms is not None else f"{'-':>7} {'-':>9}")
         print(f"{row.mode:48} {row.examples:>8} {row.seconds:8.2f} {row.per_second:10.1f} "
-              f"{row.ms_per_example:10.2f} {times} {shares:>19}  {row.note}")
+              f"{row.ms_per_example:10.2f} {times} {shares:>19} {cpu}  {row.note}")
     if any(row.shares for row in rows):
         print("ranks/driver/wire: shares of the wall time taken by the slowest rank's steps, "
               "by the driver's CPU (reference, checks, records, sockets; pipelined, it "
               "overlaps the ranks), and the rest (messages in flight, ranks waiting)")
+    if any(row.cpu_ms is not None for row in rows):
+        print(f"cpu ms: CPU time per example of every process of the row (ranks, driver, "
+              f"sandbox), all threads; cpu cap/s: the most examples/s the {cores()} cores "
+              f"allow that work even with perfect overlap")
 
 
 def _env() -> dict[str, str]:

@@ -95,12 +95,7 @@ def fuzz_configs(draw, fixed: Mapping[str, Any] | None = None, *,
         capture_sizes=tuple(sizes) if sizes is not None else None,
         max_num_batched_tokens=pick("max_num_batched_tokens",
                                     st.just(max(FUZZ_MAX_TOKENS, largest))),
-        # Below the largest capture size, twins of the larger graphs have no legal batch;
-        # strictly between half and all of it, that size's token count does not divide by
-        # its request count (vLLM's make_dummy spreads the rest): one config in eight.
-        max_num_reqs=pick("max_num_reqs", st.just(uneven_reqs(largest))
-                          if draw(st.integers(0, 7)) == 0 else
-                          st.sampled_from((FUZZ_MAX_TOKENS, largest, max(1, largest // 2)))),
+        max_num_reqs=pick("max_num_reqs", request_limits(draw, mode, largest)),
     )
     # Drawn thresholds start at k (lower ones are illegal with microbatching); pinned ones
     # are kept as given, so that a bad pin is reported rather than mended.
@@ -127,6 +122,20 @@ def draft_fields(draw, pick) -> dict[str, Any]:
     q = pick("decode_query_len", st.integers(1, 4))
     varlen = pick("varlen_decode", st.booleans() if q > 1 else st.just(False))
     return {"decode_query_len": q, "varlen_decode": varlen}
+
+
+def request_limits(draw, mode: CudaGraphMode | str, largest: int) -> st.SearchStrategy[int]:
+    """Below the largest capture size, twins of the larger graphs have no legal batch;
+    strictly between half and all of it, that size's token count does not divide by its
+    request count (vLLM's make_dummy spreads the rest): one config in eight."""
+    if draw(st.integers(0, 7)) == 0:
+        return st.just(uneven_reqs(largest))
+    below = st.just(max(1, largest // 2))
+    # In FULL mode mixed and decode batches replay the same graphs, so there a limit below
+    # the largest size decides which graphs any batch reaches: drawn half the time.
+    if CudaGraphMode.parse(mode) is CudaGraphMode.FULL and draw(st.booleans()):
+        return below
+    return st.sampled_from((FUZZ_MAX_TOKENS, largest, max(1, largest // 2)))
 
 
 def uneven_reqs(size: int) -> int:

@@ -75,6 +75,11 @@ class TorchrunWorld:
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    @property
+    def rank_pids(self) -> dict[int, int]:
+        """Each connected rank's worker pid (empty between launches)."""
+        return dict(self._pids)
+
     def __enter__(self) -> TorchrunWorld:
         return self
 
