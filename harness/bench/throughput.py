@@ -46,7 +46,7 @@ class Row:
     # Shares of the wall time: the slowest rank's steps, the driver's CPU (reference,
     # checks, decoding, sending), and the rest (the wire: messages in flight, ranks idle).
     shares: tuple[float, float, float] | None = None
-    # CPU seconds of every process of the row (ranks and driver), per example, in ms.
+    # CPU time of every process of the row (ranks, driver, sandbox), ms per example.
     cpu_ms: float | None = None
 
     @property

@@ -125,17 +125,17 @@ def draft_fields(draw, pick) -> dict[str, Any]:
 
 
 def request_limits(draw, mode: CudaGraphMode | str, largest: int) -> st.SearchStrategy[int]:
-    """Below the largest capture size, twins of the larger graphs have no legal batch;
-    strictly between half and all of it, that size's token count does not divide by its
-    request count (vLLM's make_dummy spreads the rest): one config in eight."""
+    """`max_num_reqs`. Below the largest capture size, twins of the larger graphs have no
+    legal batch; strictly between half and all of it (one config in eight), that size's token
+    count does not divide by its request count (vLLM's make_dummy spreads the rest)."""
     if draw(st.integers(0, 7)) == 0:
         return st.just(uneven_reqs(largest))
-    below = st.just(max(1, largest // 2))
+    half = max(1, largest // 2)  # vLLM's default: the largest size is twice max_num_seqs
     # In FULL mode mixed and decode batches replay the same graphs, so there a limit below
     # the largest size decides which graphs any batch reaches: drawn half the time.
     if CudaGraphMode.parse(mode) is CudaGraphMode.FULL and draw(st.booleans()):
-        return below
-    return st.sampled_from((FUZZ_MAX_TOKENS, largest, max(1, largest // 2)))
+        return st.just(half)
+    return st.sampled_from((FUZZ_MAX_TOKENS, largest, half))
 
 
 def uneven_reqs(size: int) -> int:
