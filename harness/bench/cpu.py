@@ -12,7 +12,9 @@ import psutil
 
 def cores() -> int:
     """The cores this process may run on (the bench's ceiling assumes all of them)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def cpu_seconds(pids: Iterable[int]) -> float:
