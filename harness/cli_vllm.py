@@ -11,7 +11,7 @@ import argparse
 from dataclasses import replace
 from typing import Any
 
-from harness.config import DecisionSystem, HarnessConfig
+from harness.config import HarnessConfig
 from harness.errors import ConfigError
 from harness.scenario import Scenario
 from harness.vllm_code.source import VllmPatch, read_patch
@@ -46,11 +46,12 @@ def vllm_fields(args: argparse.Namespace, sut: str | None = None,
     order, one over the other, or (`each_alone`, the matrix's rows) each by itself."""
     sut = sut or _sut(args)
     differential = getattr(args, "differential_against", None) == "base"
-    if sut != "vllm":
+    executes = getattr(args, "execution", "harness") == "vllm"
+    if sut != "vllm" and not executes:
         given = ("vllm_patch" if args.vllm_patch else "vllm_src" if args.vllm_src
                  else "differential_against" if differential else None)
         if given:
-            raise ConfigError(given, "names vLLM code; it needs --sut vllm")
+            raise ConfigError(given, "names vLLM code; it needs --sut vllm or --exec vllm")
         return {}
     patches = tuple(read_patch(path) for path in args.vllm_patch)
     names = [p.name for p in patches]
@@ -59,8 +60,13 @@ def vllm_fields(args: argparse.Namespace, sut: str | None = None,
         raise ConfigError("vllm_patch", f"{twice} is given twice")
     for group in ([(p,) for p in patches] if each_alone else [patches]):
         check_vllm_code(args.vllm_src, group)
-    return {"sut": "vllm", "vllm_src": args.vllm_src, "vllm_patches": patches,
-            "differential_against_base": differential}
+    fields = {"vllm_src": args.vllm_src, "vllm_patches": patches,
+              "differential_against_base": differential}
+    if sut == "vllm":
+        fields["sut"] = "vllm"
+    if executes:
+        fields["execution"] = "vllm"
+    return fields
 
 
 def check_vllm_code(vllm_src: str | None, patches: tuple[VllmPatch, ...]) -> None:
@@ -82,7 +88,7 @@ def check_vllm_code(vllm_src: str | None, patches: tuple[VllmPatch, ...]) -> Non
 
 def tested_vllm(config: HarnessConfig) -> str:
     """One line naming the vLLM code a config tests ('' for the harness's own)."""
-    if config.sut is not DecisionSystem.VLLM:
+    if not config.uses_vllm:
         return ""
     from harness.sut.systems import base_config
     from harness.vllm_sut.code import vllm_code
@@ -95,7 +101,7 @@ def tested_vllm(config: HarnessConfig) -> str:
 
 
 def tested_vllm_json(config: HarnessConfig) -> dict[str, Any] | None:
-    if config.sut is not DecisionSystem.VLLM:
+    if not config.uses_vllm:
         return None
     from harness.vllm_sut.code import vllm_code
 
@@ -117,7 +123,7 @@ def scenario_with_vllm_code(scenario: Scenario, args: argparse.Namespace) -> tup
     found on patched code runs only with those patches (by content hash), so that a replay
     tests the code it was found on. Returns it and a note for the user ('' if none)."""
     config = scenario.config
-    if config.sut is not DecisionSystem.VLLM:
+    if not config.uses_vllm:
         vllm_fields(args, config.sut.value)  # refuses vLLM flags for the harness's code
         return scenario, ""
     given = tuple(read_patch(path) for path in args.vllm_patch)

@@ -81,6 +81,13 @@ class DecisionSystem(enum.Enum):
     VLLM = "vllm"  # the installed vLLM's own functions (harness/vllm_sut)
 
 
+class Execution(enum.Enum):
+    """Whose code runs the step a rank decided: microbatch threads, handoffs, capture, replay."""
+
+    HARNESS = "harness"  # the harness's runner, ring protocol and graph manager
+    VLLM = "vllm"  # vLLM's UBatchRunner, UBatchContexts and ModelCudaGraphManager (vllm_exec)
+
+
 # The DP sync all-reduces token and request counts as int32, as vLLM does.
 INT32_MAX = 2**31 - 1
 # Thread waits and sleeps overflow past threading.TIMEOUT_MAX (about 292 years), and a world
@@ -109,6 +116,10 @@ def _is_int(value: Any) -> bool:
 # Switches of the harness's miniature; the vllm system brings its own behaviour.
 HARNESS_ONLY_FIELDS = (("guard", "fixed"), ("twins", "reachable"), ("threshold_offset_rank", None),
                        ("ubatch_vote", "synced"), ("query_len_bound", "synced"))
+# Switches of the harness's own execution; vLLM's runner and graph manager bring their own.
+HARNESS_EXECUTION_FIELDS = (("protocol", "abortable"), ("capture_on", "runner"),
+                            ("capture_key", "total"), ("eager_slices", "own"),
+                            ("dummy_padding", "agreed"))
 
 
 @dataclass(frozen=True)
@@ -141,6 +152,8 @@ class HarnessConfig:
     all2all_backend: All2AllBackend = All2AllBackend.LOW_LATENCY
     capture_on: CaptureOn = CaptureOn.RUNNER
     sut: DecisionSystem = DecisionSystem.HARNESS
+    # Whose code executes the decided step (`--exec`): the harness's or vLLM's own.
+    execution: Execution = Execution.HARNESS
     # sut vllm only: a checkout's decision modules, diffs applied over them in memory, and
     # the unpatched vLLM's decisions held up beside the reference (harness/vllm_sut/code.py).
     vllm_src: str | None = None
@@ -160,6 +173,7 @@ class HarnessConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "cudagraph_mode", CudaGraphMode.parse(self.cudagraph_mode))
         object.__setattr__(self, "sut", parse_enum(DecisionSystem, self.sut, "sut"))
+        object.__setattr__(self, "execution", parse_enum(Execution, self.execution, "execution"))
         object.__setattr__(self, "vllm_patches", parse_patches(self.vllm_patches))
         for name, enum_cls in (("guard", Guard), ("twins", Twins), ("protocol", UbatchProtocol),
                                ("all2all_backend", All2AllBackend), ("capture_on", CaptureOn),
@@ -247,11 +261,26 @@ class HarnessConfig:
                 if getattr(value, "value", value) != default:
                     raise ConfigError(name, "switches the harness's own decision code; the "
                                       "vllm system under test brings its own")
+        if self.execution is Execution.VLLM:
+            self._validate_vllm_execution()
         check_vllm_code_fields(self.vllm_src, self.vllm_patches, self.differential_against_base)
         if self.threshold_offset_rank is not None and not (
                 0 <= self.threshold_offset_rank < self.dp_size):
             raise ConfigError("threshold_offset_rank", f"rank {self.threshold_offset_rank} "
                               f"is outside dp_size={self.dp_size}")
+
+    def _validate_vllm_execution(self) -> None:
+        for name, default in HARNESS_EXECUTION_FIELDS:
+            if getattr(self, name).value != default:
+                raise ConfigError(name, "switches the harness's own execution; with execution "
+                                  "vllm, vLLM's runner and graph manager bring their own")
+        if self.single_rank_gpu_world:
+            raise ConfigError("execution", "vllm runs on DP worlds of two ranks or more")
+
+    @property
+    def uses_vllm(self) -> bool:
+        """Whether any of vLLM's code runs in the ranks (its decisions or its execution)."""
+        return self.sut is DecisionSystem.VLLM or self.execution is Execution.VLLM
 
     def _validate_types(self) -> None:
         """Types and ranges a file could get wrong with nothing later noticing (or only a
@@ -337,7 +366,7 @@ class HarnessConfig:
 
 
 _OMITTED_WHEN_DEFAULT = ("vllm_src", "vllm_patches", "differential_against_base",
-                         "decode_query_len", "varlen_decode", "query_len_bound")
+                         "decode_query_len", "varlen_decode", "query_len_bound", "execution")
 
 
 def config_kwargs(data: dict[str, Any]) -> dict[str, Any]:

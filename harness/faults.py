@@ -18,6 +18,20 @@ class FaultKind(enum.Enum):
     # The rank's process aborts after the DP sync, as a native library's failed check does
     # (SIGABRT; torchrun world, or the sim world's sandbox, where every rank's process ends).
     ABORT_RANK = "abort_rank"
+    # Stages of a microbatch thread's life under vLLM's own runner (`exec: vllm` only).
+    RAISE_IN_DISPATCH = "raise_in_dispatch"  # before its dispatch all-to-all is issued
+    RAISE_IN_COMBINE = "raise_in_combine"  # before its combine all-to-all is issued
+    RAISE_IN_RECV_HOOK = "raise_in_recv_hook"  # in its receive hook, wherever that runs
+    RAISE_IN_SETUP = "raise_in_setup"  # where its thread selects the device, before its context
+    SLOW_UBATCH = "slow_ubatch"  # it sleeps `seconds` after its first handoff
+
+
+# The faults only vLLM's execution path injects (the stages of vLLM's microbatch threads).
+VLLM_EXEC_FAULTS = (FaultKind.RAISE_IN_DISPATCH, FaultKind.RAISE_IN_COMBINE,
+                    FaultKind.RAISE_IN_RECV_HOOK, FaultKind.RAISE_IN_SETUP,
+                    FaultKind.SLOW_UBATCH)
+# Faults that sleep rather than fail, for `seconds`.
+SLEEPING_FAULTS = (FaultKind.SLOW_RANK, FaultKind.SLOW_UBATCH)
 
 
 class InjectedFault(RuntimeError):

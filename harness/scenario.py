@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from harness.batch import RankBatch, validate_batches
-from harness.config import HarnessConfig, check_seconds, config_kwargs
+from harness.config import Execution, HarnessConfig, check_seconds, config_kwargs
 from harness.data_file import read_data_file
 from harness.errors import ConfigError
-from harness.faults import Fault, FaultKind
+from harness.faults import SLEEPING_FAULTS, VLLM_EXEC_FAULTS, Fault, FaultKind
 from harness.model.state import RequestSpec
 from harness.model.weights import DEFAULT_VOCAB
 
@@ -233,8 +233,11 @@ def _fault_from_dict(data: Any, where: str, config: HarnessConfig, num_steps: in
     step = _int(data.get("step", 0), f"{where}.step")
     ubatch = _int(data.get("ubatch", 0), f"{where}.ubatch")
     seconds = check_seconds(f"{where}.seconds", data.get("seconds", 0.0), zero_ok=True)
-    if seconds and kind is not FaultKind.SLOW_RANK:
-        raise ConfigError(f"{where}.seconds", f"only a slow_rank fault sleeps; {kind.value} "
+    if kind in VLLM_EXEC_FAULTS and config.execution is not Execution.VLLM:
+        raise ConfigError(f"{where}.kind", f"{kind.value} is a stage of vLLM's microbatch "
+                          "threads: it needs execution vllm (--exec vllm)")
+    if seconds and kind not in SLEEPING_FAULTS:
+        raise ConfigError(f"{where}.seconds", f"only slow_rank and slow_ubatch sleep; {kind.value} "
                           "would ignore it")
     if not 0 <= rank < config.dp_size:
         raise ConfigError(f"{where}.rank", f"{rank} is outside dp_size={config.dp_size}")
@@ -253,7 +256,9 @@ CHECKERS = ("startup", "capture_hygiene", "graphs_capture_work", "capture_symmet
             "captured_split", "no_empty_region", "matches_reference", "routing_provenance",
             "thread_hygiene", "differential", "differential_base", "spec_decision",
             # harness/check/execution.py: what each rank ran against its plan
-            "executes_plan", "eager_slices", "split_consensus", "dispatch_capacity")
+            "executes_plan", "eager_slices", "split_consensus", "dispatch_capacity",
+            # harness/check/vllm_exec.py: steps on vLLM's own execution code
+            "ubatching_state", "recv_before_read")
 
 
 def _checker(value: Any, where: str) -> str:

@@ -21,6 +21,7 @@ LAYERS = (
     "history",  # what the ranks decided and did
     "sut",  # the rank code: decisions, capture, dispatch, replay
     "vllm_sut",  # vLLM's decision code in the rank's slots
+    "vllm_exec",  # vLLM's execution code running the rank's steps
     "gen",  # Hypothesis strategies: they know nothing of worlds
     "world",  # where ranks live; hands back history
     "gpu",  # the single-rank GPU world

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from harness.check import execution
+from harness.check import execution, vllm_exec
 from harness.check.agreement import first_disagreement
 from harness.check.reference import ReferenceRows
+from harness.check.stacks import parked_frames
 from harness.check.verdict import Verdict, _fail, _ok
+from harness.check.vllm_exec import microbatch_crash
 from harness.errors import ErrorOrigin
 from harness.history.decision import StepPlan
 from harness.history.records import Rows, StartupRecord, StepRecord, rows_tensor
@@ -28,12 +30,17 @@ NAMED_FAULT_ERRORS = ("InjectedFault", "RankKilled", "RankCrashed", "MicrobatchF
 
 # -- per step ---------------------------------------------------------------------------------
 
-def check_liveness(records: Sequence[StepRecord | None], deadline_s: float) -> Verdict:
-    """Every rank finished the step within its deadline, and none reported a hang."""
+def check_liveness(records: Sequence[StepRecord | None], deadline_s: float,
+                   evidence: str = "") -> Verdict:
+    """Every rank finished the step within its deadline, and none reported a hang. A stuck
+    rank's threads parked in vLLM's code are named by their innermost vLLM frame."""
     name = "liveness"
     stuck = [r for r, rec in enumerate(records) if rec is None]
     if stuck:
-        return _fail(name, f"ranks {stuck} still running after the {deadline_s:.1f} s deadline")
+        parked = [f"rank {r} parked at {', '.join(frames)}" for r in stuck
+                  if (frames := parked_frames(evidence, r))]
+        return _fail(name, f"ranks {stuck} still running after the {deadline_s:.1f} s deadline"
+                     + (f"; {'; '.join(parked)}" if parked else ""))
     for rec in records:
         if rec.error is not None and rec.error.origin is ErrorOrigin.HANG:
             return _fail(name, f"rank {rec.rank} hung: {rec.error.describe()}")
@@ -49,7 +56,11 @@ def check_errors(records: Sequence[StepRecord | None]) -> Verdict:
     in the collective it never joined (or lose their process to torchrun)."""
     name = "errors"
     present = [r for r in records if r is not None]
-    faulted = any(r.injected_fault for r in present)
+    crash = microbatch_crash(present)  # under vLLM's runner, which reports only one
+    if crash is not None:
+        return _fail(name, crash)
+    # A rank that never reported (it hung or died) is one its peers may have waited on.
+    faulted = any(r.injected_fault for r in present) or len(present) < len(records)
     # A rank that timed out waited on another: name the one that failed first, if any did.
     for rec in sorted(present, key=_waited_on_another):
         err = rec.error
@@ -73,9 +84,11 @@ def _waited_on_another(rec: StepRecord) -> bool:
 
 
 def _names_the_fault(err: StepError) -> bool:
-    """The fault itself, a killed rank, or the failed microbatch it caused, named by its id."""
+    """The fault itself, a killed rank, or the failed microbatch it caused, named by its id
+    (the harness's MicrobatchFailed, or vLLM's runner error raised from the fault)."""
     return (err.origin in (ErrorOrigin.INJECTED, ErrorOrigin.KILLED)
-            and err.kind in NAMED_FAULT_ERRORS)
+            and (err.kind in NAMED_FAULT_ERRORS
+                 or (err.cause or "").startswith(NAMED_FAULT_ERRORS[0])))
 
 
 def check_agreement(records: Sequence[StepRecord]) -> Verdict:
@@ -202,8 +215,8 @@ def check_thread_hygiene(records: Sequence[StepRecord]) -> Verdict:
 
 
 def check_step(records: Sequence[StepRecord | None], reference: ReferenceRows,
-               deadline_s: float) -> list[Verdict]:
-    verdicts = [check_liveness(records, deadline_s), check_errors(records)]
+               deadline_s: float, evidence: str = "") -> list[Verdict]:
+    verdicts = [check_liveness(records, deadline_s, evidence), check_errors(records)]
     if any(r is None for r in records):
         return verdicts
     checks: list[Callable[[], Verdict]] = [
@@ -215,6 +228,7 @@ def check_step(records: Sequence[StepRecord | None], reference: ReferenceRows,
         lambda: check_routing(records, reference),
         lambda: check_thread_hygiene(records),
         *(lambda check=check: check(records) for check in execution.STEP_CHECKS),
+        *(lambda check=check: check(records) for check in vllm_exec.STEP_CHECKS),
     ]
     if reference.plans is not None and reference.base_plans is not None:
         checks.append(lambda: check_differential_base(records, reference.base_plans,

@@ -45,7 +45,8 @@ def judge(history: ScenarioHistory) -> ScenarioResult:
     deadlines = history.timeouts
     startup_verdicts = tuple(check_startup(history.startup, deadlines.startup_deadline_s))
     results = tuple(StepResult(records, tuple(check_step(records, references[i],
-                                                          deadlines.step_deadline_s)))
+                                                          deadlines.step_deadline_s,
+                                                          history.evidence)))
                     for i, records in enumerate(history.steps))
     return ScenarioResult(history.scenario, history.startup, startup_verdicts, results,
                           history.evidence)

@@ -35,6 +35,7 @@ from harness.fuzz.profiles import PROFILES, profile_from_environment
 from harness.fuzz.progress import ProgressBar
 from harness.fuzz.run_log import DEFAULT_LOG
 from harness.fuzz.variants import (
+    EXEC_VARIANTS,
     SUT_VARIANTS,
     VARIANTS,
     Variant,
@@ -58,6 +59,10 @@ def add_fuzz_command(sub) -> argparse.ArgumentParser:
     fz.add_argument("--sut", choices=["harness", "vllm"], default="harness",
                     help="whose decision code the ranks run: the harness's (default) or the "
                     "installed vLLM's (held to the harness's reference by `differential`)")
+    fz.add_argument("--exec", dest="execution", choices=["harness", "vllm"], default="harness",
+                    help="whose code executes the decided steps: the harness's (default) or "
+                    "vLLM's own UBatchRunner, ubatching contexts and graph manager (each rank "
+                    "its own process: the sim world hands these to a torchrun world)")
     fz.add_argument("--world", choices=WORLDS, default="sim")
     add_backend_flags(fz)
     fz.add_argument("--nproc", type=int, metavar="N",
@@ -94,6 +99,8 @@ def add_fuzz_command(sub) -> argparse.ArgumentParser:
 
 
 def chosen_variants(args: argparse.Namespace) -> list[Variant]:
+    if getattr(args, "execution", "harness") == "vllm":
+        return exec_variants(args)
     if args.sut == "harness":
         if args.variant != "all":
             return [variant_named(args.variant)]
@@ -107,6 +114,22 @@ def chosen_variants(args: argparse.Namespace) -> list[Variant]:
         raise ConfigError("sut", f"vllm cannot be used here: {unavailable_reason()} "
                           "(make test-vllm installs it)")
     return [SUT_VARIANTS[args.sut]]
+
+
+def exec_variants(args: argparse.Namespace) -> list[Variant]:
+    """`--exec vllm`: with `--sut vllm` a hunt for each failure class of vLLM's microbatch
+    threads under faults; with the harness's decisions, a fault-free search."""
+    if args.variant not in ("reference", "all"):
+        raise ConfigError("variant", "--exec vllm fuzzes vLLM's execution code as it is; "
+                          "variants plant bugs in the harness's own code")
+    from harness.vllm_sut.available import unavailable_reason, vllm_version
+
+    if vllm_version() is None:
+        raise ConfigError("execution", f"vllm cannot be used here: {unavailable_reason()} "
+                          "(make test-vllm installs it)")
+    if args.sut == "vllm":
+        return [EXEC_VARIANTS["vllm-exec-hang"], EXEC_VARIANTS["vllm-exec-crash"]]
+    return [EXEC_VARIANTS["vllm-exec"]]
 
 
 def pinned_fields(args: argparse.Namespace, variants: list[Variant]) -> dict[str, Any]:
@@ -210,7 +233,9 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     dp_sizes = (nproc,) if nproc is not None else SIM_DP_SIZES
     profile = args.profile or profile_from_environment()
     outcomes = []
-    with WorldPool(args.world, args.backend, timeouts, nproc, args.device) as pool:
+    uses_vllm = any(HarnessConfig(**{**fixed, **dict(v.changes)}).uses_vllm for v in variants)
+    with WorldPool(args.world, args.backend, timeouts, nproc, args.device,
+                   preload_vllm=uses_vllm) as pool:
         for variant in variants:
             bar = ProgressBar(f"fuzz {variant.name}", budget.seconds, budget.examples,
                               force=args.progress)
@@ -220,6 +245,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
                                database=database,
                                log_path=args.log, scenario_dir=args.found_dir,
                                seed=args.hypothesis_seed, progress=bar.update,
+                               hunt=variant.hunt,
                                world_flags=f"{_world_flags(args)} {replay_flags(vllm)}".strip())
             finally:
                 bar.close()
@@ -229,7 +255,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     if leftover:
         print(f"error: processes of the world outlived it: {leftover}", file=sys.stderr)
         return 1
-    if args.variant == "all":
+    if args.variant == "all" or len(outcomes) > 1:
         if not args.json:
             _print_table(outcomes)
         return 0 if all(did_its_job(o) for o in outcomes) else 1

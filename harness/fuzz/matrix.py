@@ -15,7 +15,7 @@ from typing import Any
 
 from harness.config import ubatching_fields
 from harness.fuzz.engine import Budget, FuzzOutcome, fuzz
-from harness.fuzz.variants import SUT_VARIANTS
+from harness.fuzz.variants import variant_named
 from harness.history.scenario_history import ScenarioHistory
 from harness.scenario import Scenario
 from harness.vllm_code.source import VllmPatch
@@ -27,10 +27,14 @@ NO_PATCH = "none"
 class MatrixColumn:
     num_ubatches: int
     dp_size: int
+    # The search of the column: vLLM's decisions ("vllm"), or a hunt of its execution code
+    # under microbatch faults (the EXEC_VARIANTS of `--exec vllm`).
+    variant: str = "vllm"
 
     @property
     def label(self) -> str:
-        return f"k={self.num_ubatches}, DP {self.dp_size}"
+        config = f"k={self.num_ubatches}, DP {self.dp_size}"
+        return config if self.variant == "vllm" else f"{self.variant}, {config}"
 
 
 @dataclass(frozen=True)
@@ -59,14 +63,15 @@ class MatrixCell:
 
     def to_dict(self) -> dict[str, Any]:
         return {"row": self.row, "k": self.column.num_ubatches, "dp": self.column.dp_size,
-                "found": self.found, "checker": self.checker, "detail": self.detail,
+                "variant": self.column.variant, "found": self.found, "checker": self.checker, "detail": self.detail,
                 "examples": self.examples, "seconds": round(self.seconds, 3),
                 "tokens": [list(t) for t in self.tokens], "capture_sizes": list(self.graphs),
                 "replay": self.replay, "note": self.note}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> MatrixCell:
-        return cls(data["row"], MatrixColumn(data["k"], data["dp"]), data["found"],
+        return cls(data["row"], MatrixColumn(data["k"], data["dp"],
+                                             data.get("variant", "vllm")), data["found"],
                    data["checker"], data["detail"], data["examples"], data["seconds"],
                    tuple(tuple(t) for t in data["tokens"]), tuple(data["capture_sizes"]),
                    data["replay"], data["note"])
@@ -86,7 +91,8 @@ def _tokens(scenario: Scenario | None) -> tuple[tuple[int, ...], ...]:
 def cell_fields(row: MatrixRow, column: MatrixColumn,
                 fixed: Mapping[str, Any]) -> dict[str, Any]:
     fields = {**fixed, **ubatching_fields(column.num_ubatches), "dp_size": column.dp_size,
-              "sut": "vllm", "vllm_patches": row.patches}
+              "sut": "vllm", "vllm_patches": row.patches,
+              **dict(variant_named(column.variant).changes)}
     if not row.patches and not fields.get("vllm_src"):
         fields["differential_against_base"] = False  # the base row is the base itself
     return fields
@@ -101,10 +107,11 @@ def run_matrix(rows: Sequence[MatrixRow], columns: Sequence[MatrixColumn],
     cells = []
     for row in rows:
         for column in columns:
-            outcome = fuzz(SUT_VARIANTS["vllm"], run, world=world, dp_sizes=(column.dp_size,),
+            variant = variant_named(column.variant)
+            outcome = fuzz(variant, run, world=world, dp_sizes=(column.dp_size,),
                            fixed=cell_fields(row, column, fixed), budget=budget,
                            database=None, log_path=log_path, scenario_dir=found_dir,
-                           seed=seed, world_flags=replay_flags(row))
+                           seed=seed, world_flags=replay_flags(row), hunt=variant.hunt)
             cell = cell_from(row, column, outcome)
             on_cell(cell)
             cells.append(cell)

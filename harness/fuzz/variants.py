@@ -13,7 +13,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from harness.errors import ConfigError
-from harness.faults import FaultKind
+from harness.faults import VLLM_EXEC_FAULTS, FaultKind
 from harness.gen.strategies import SIZE_CHOICES
 
 
@@ -32,6 +32,8 @@ class Variant:
     drafts_every: int = 0
     # Fields drawn per example rather than fixed (their strategies).
     drawn: tuple[tuple[str, st.SearchStrategy], ...] = field(default=(), compare=False)
+    # Only failures of these checkers count (a hunt for one class of bug); None: any.
+    hunt: tuple[str, ...] | None = None
 
     @property
     def is_reference(self) -> bool:
@@ -137,15 +139,43 @@ SUT_VARIANTS: dict[str, Variant] = {v.name: v for v in (
 )}
 
 
+# vLLM's own execution code (`--exec vllm`): with its decisions (`--sut vllm`) the search
+# hunts each failure class of its microbatch threads under faults at every stage of their
+# life; with the harness's decisions, a fault-free search must hold every checker.
+EXEC_FAULTS = (FaultKind.RAISE_IN_UBATCH, FaultKind.RETURN_WITHOUT_YIELDING, *VLLM_EXEC_FAULTS)
+# The faults fire in microbatch threads, which run in eager microbatched steps (a replay
+# runs none): eager configs whose every rank splits from 4 tokens on.
+EXEC_HUNT_DRAWN = (("cudagraph_mode", st.just("NONE")), ("decode_threshold", st.just(4)),
+                   ("prefill_threshold", st.just(4)))
+EXEC_VARIANTS: dict[str, Variant] = {v.name: v for v in (
+    Variant("vllm-exec-hang", "vllm's UBatchRunner and ubatching contexts under microbatch "
+            "faults: a step that never ends (a microbatch parked for a handoff nobody makes)",
+            changes=(("sut", "vllm"), ("execution", "vllm")),
+            undo=(("execution", "harness"),), caught_by=("liveness",), hunt=("liveness",),
+            fault_kinds=EXEC_FAULTS, ubatch_counts=(2, 3), drawn=EXEC_HUNT_DRAWN),
+    Variant("vllm-exec-crash", "vllm's UBatchRunner and ubatching contexts under microbatch "
+            "faults: a thread no fault was injected into crashes of its own",
+            changes=(("sut", "vllm"), ("execution", "vllm")),
+            undo=(("execution", "harness"),), caught_by=("errors",), hunt=("errors",),
+            fault_kinds=EXEC_FAULTS, ubatch_counts=(2, 3),
+            # Where a thread dereferences a sibling's slot: the receive hooks of low latency.
+            drawn=(*EXEC_HUNT_DRAWN, ("all2all_backend", st.just("deepep_low_latency")))),
+    Variant("vllm-exec", "the harness's decisions executed by vllm's UBatchRunner, ubatching "
+            "contexts and ModelCudaGraphManager, fault-free: every checker must hold",
+            changes=(("execution", "vllm"),), undo=(("execution", "harness"),)),
+)}
+
+
 def expects_a_finding(variant_name: str) -> bool:
     """A planted (or shipped) bug must be found; the reference must stay clean."""
-    variant = VARIANTS.get(variant_name) or SUT_VARIANTS.get(variant_name)
+    variant = (VARIANTS.get(variant_name) or SUT_VARIANTS.get(variant_name)
+               or EXEC_VARIANTS.get(variant_name))
     return variant is not None and not variant.is_reference
 
 
 def variant_named(name: str) -> Variant:
     try:
-        return VARIANTS.get(name) or SUT_VARIANTS[name]
+        return VARIANTS.get(name) or SUT_VARIANTS.get(name) or EXEC_VARIANTS[name]
     except KeyError:
         raise ConfigError("variant", f"unknown variant {name!r} (one of "
                           f"{', '.join(VARIANTS)}, or all)") from None

@@ -7,6 +7,7 @@ generators know nothing of worlds: they return configs, batches and scenarios.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from hypothesis import assume
@@ -330,6 +331,9 @@ def steps(draw, config_strategy=None) -> tuple[HarnessConfig, list[RankBatch]]:
     return config, batches
 
 
+SLOW_UBATCH_SECONDS = (0.1, 0.4)
+
+
 @st.composite
 def faults(draw, config: HarnessConfig, num_steps: int, kinds: Sequence[FaultKind],
            threaded_steps: Sequence[int] = ()) -> tuple[Fault, ...]:
@@ -340,8 +344,13 @@ def faults(draw, config: HarnessConfig, num_steps: int, kinds: Sequence[FaultKin
         return ()
     aimed = threaded_steps and draw(st.integers(0, 3)) > 0
     step = st.sampled_from(threaded_steps) if aimed else st.integers(0, num_steps - 1)
-    return (Fault(draw(st.sampled_from(kinds)), draw(st.integers(0, config.dp_size - 1)),
-                  draw(step), draw(st.integers(0, max(config.num_ubatches, 1) - 1))),)
+    kind = draw(st.sampled_from(kinds))
+    fault = Fault(kind, draw(st.integers(0, config.dp_size - 1)), draw(step),
+                  draw(st.integers(0, max(config.num_ubatches, 1) - 1)))
+    if kind is FaultKind.SLOW_UBATCH:
+        # Below the fuzzer's collective bound: slow, never failed (docs/spec.md §8.7).
+        fault = replace(fault, seconds=draw(st.sampled_from(SLOW_UBATCH_SECONDS)))
+    return (fault,)
 
 
 def steps_with_microbatch_threads(config: HarnessConfig,

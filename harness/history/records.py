@@ -43,6 +43,39 @@ class StartupRecord:
 
 
 @dataclass(frozen=True)
+class UbatchError:
+    """A microbatch thread's own error, with where it was raised (file:line (function))."""
+
+    ubatch: int
+    error: StepError
+    where: str
+
+
+@dataclass(frozen=True)
+class RecvEvent:
+    """One moment of a receive's life under vLLM's runner: "issued" by microbatch `ubatch`,
+    its "hook" run (by `ubatch`), or its buffer "read" by its receiver `ubatch`."""
+
+    kind: str
+    receive: int  # the receive's id within the step
+    ubatch: int
+    what: str  # "dispatch" or "combine"
+
+
+@dataclass(frozen=True)
+class VllmExecTrace:
+    """What a step under vLLM's own execution code left for the checkers to read."""
+
+    ubatch_errors: tuple[UbatchError, ...]
+    receives: tuple[RecvEvent, ...]
+    # vLLM's process-global ubatching state and forward context that the step left set
+    # (empty: clean), e.g. "_CURRENT_CONTEXTS[1] is set".
+    leftovers: tuple[str, ...]
+    # Event records and waits on the stand-in streams, in issue order ("record ev on s").
+    stream_events: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class StepRecord:
     rank: int
     step: int
@@ -64,6 +97,7 @@ class StepRecord:
     replayed: str | None = None  # label of the captured graph whose replay ran, if any
     ran_split: tuple[Span, ...] = ()  # the slices the model ran (one for an unsplit step)
     a2a_tokens_per_rank: int | None = None  # what this rank's all-to-all buffers take
+    vllm_exec: VllmExecTrace | None = None  # under vLLM's execution code only
 
     @classmethod
     def failed(cls, rank: int, step: int, error: StepError, *,
@@ -83,6 +117,8 @@ class StepRecord:
             "regions": [[r.tokens, r.real_tokens] for r in plan.regions]}
         if self.error is not None:
             data["error"]["origin"] = self.error.origin.value
+        for ubatch_error in (data["vllm_exec"] or {}).get("ubatch_errors", ()):
+            ubatch_error["error"]["origin"] = ubatch_error["error"]["origin"].value
         for bulky in ("outputs", "state", "routes"):
             data.pop(bulky)
         return data

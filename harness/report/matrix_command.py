@@ -41,6 +41,9 @@ def add_matrix_command(sub) -> argparse.ArgumentParser:
                         "and tabulate found/clean (markdown, PNG, JSON)")
     mx.add_argument("--sut", choices=["vllm"], default="vllm",
                     help="the system whose patches are compared (vllm)")
+    mx.add_argument("--exec", dest="execution", choices=["harness", "vllm"], default="harness",
+                    help="vllm: columns hunt vLLM's execution code under microbatch faults "
+                    "(a hang, a crash) instead of fuzzing its decisions")
     mx.add_argument("--ks", default="2,3,4", metavar="K,K", help="microbatch counts (columns)")
     mx.add_argument("--dps", default="2,3", metavar="N,N", help="DP sizes (columns)")
     mx.add_argument("--world", choices=WORLDS, default="sim")
@@ -95,7 +98,9 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     budget, budget_text = _budget(args)
     out = output_dir("out", args.out)
     rows = rows_for(patches)
-    columns = [MatrixColumn(k, dp) for dp in dps for k in ks]
+    hunts = (("vllm-exec-hang", "vllm-exec-crash") if args.execution == "vllm"
+             else ("vllm",))
+    columns = [MatrixColumn(k, dp, hunt) for dp in dps for hunt in hunts for k in ks]
     for row in rows:  # every cell's config is legal before minutes of fuzzing
         for column in columns:
             HarnessConfig(**cell_fields(row, column, fixed))
@@ -113,7 +118,8 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     for dp in dps:
         timeouts = timeouts_from_args(args)
         with WorldPool(args.world, args.backend, timeouts,
-                       None if args.world == "sim" else dp, args.device) as pool:
+                       None if args.world == "sim" else dp, args.device,
+                       preload_vllm=args.execution == "vllm") as pool:
             cells += run_matrix(
                 rows, [c for c in columns if c.dp_size == dp], pool.run, world=args.world,
                 fixed=fixed, budget=budget, seed=args.hypothesis_seed,

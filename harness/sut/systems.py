@@ -42,6 +42,7 @@ def register(system: DecisionSystem, code: DecisionCode) -> None:
     _REGISTERED[system] = code
 
 
+
 def _code(config: HarnessConfig) -> DecisionCode:
     code = _REGISTERED.get(config.sut)
     if code is None:

@@ -27,9 +27,12 @@ from harness.errors import ConfigError
 from harness.vllm_code.identity import VllmIdentity, git_commit, tree_version
 from harness.vllm_code.source import VllmPatch, module_name, patched_files
 
-# What the adapter calls into, in import order (each imports the ones before it).
+# What the adapters call into, in import order (each imports the ones before it): vLLM's
+# decision modules, and its execution modules (the ubatching contexts, the runner).
 DECISION_MODULES = (
+    "vllm.v1.worker.ubatching",
     "vllm.v1.worker.ubatch_utils",
+    "vllm.v1.worker.gpu.ubatch_utils",
     "vllm.v1.worker.gpu.cudagraph_utils",
     "vllm.v1.worker.gpu.dp_utils",
 )
@@ -58,6 +61,15 @@ class VllmCode:
     @property
     def ubatch_utils(self) -> ModuleType:
         return self.modules["vllm.v1.worker.ubatch_utils"]
+
+    @property
+    def ubatching(self) -> ModuleType:
+        return self.modules["vllm.v1.worker.ubatching"]
+
+    @property
+    def runner_module(self) -> ModuleType:
+        """vllm.v1.worker.gpu.ubatch_utils: UBatchRunner."""
+        return self.modules["vllm.v1.worker.gpu.ubatch_utils"]
 
     @property
     def cudagraph_utils(self) -> ModuleType:

@@ -4,6 +4,7 @@ torchrun and fed by a driver."""
 
 from __future__ import annotations
 
+import harness.vllm_exec  # noqa: F401 - ranks with execution=vllm find vLLM's runner
 import harness.vllm_sut  # noqa: F401 - ranks with sut=vllm find vLLM's decision code
 from harness.errors import ConfigError
 from harness.timeouts import DEFAULT_TIMEOUTS, Timeouts
@@ -12,10 +13,12 @@ WORLDS = ("sim", "torchrun")
 
 
 def open_world(kind: str, nproc: int, backend: str = "gloo",
-               timeouts: Timeouts = DEFAULT_TIMEOUTS, device: str | None = None):
+               timeouts: Timeouts = DEFAULT_TIMEOUTS, device: str | None = None,
+               preload_vllm: bool = False):
     """A world with `.run(scenario) -> ScenarioHistory` and `.close() -> leftover pids`.
     `device` is where the ranks' tensors live (None: the backend's own, cuda for nccl);
-    with gloo on CUDA the graphs are emulated."""
+    with gloo on CUDA the graphs are emulated. `preload_vllm`: torchrun ranks import vLLM
+    before they say ready, so that its imports (12 s on two cores) fall in no deadline."""
     if kind == "sim":
         if backend != "gloo" or device not in (None, "cpu"):
             raise ConfigError("backend" if backend != "gloo" else "device",
@@ -26,8 +29,19 @@ def open_world(kind: str, nproc: int, backend: str = "gloo",
     if kind == "torchrun":
         from harness.world.torchrun import TorchrunWorld
 
-        return TorchrunWorld(nproc, backend, timeouts, device)
+        return TorchrunWorld(nproc, backend, timeouts, device, preload_vllm=preload_vllm)
     raise ConfigError("world", f"unknown world {kind!r} (one of {', '.join(WORLDS)})")
+
+
+def world_for(kind: str, config) -> str:
+    """The world a scenario of `config` runs on: vLLM's execution code keeps its microbatch
+    state in module globals, so each rank needs a process of its own; the default (sim)
+    world hands such scenarios to a torchrun world of the same size."""
+    from harness.config import Execution
+
+    if kind == "sim" and config.execution is Execution.VLLM:
+        return "torchrun"
+    return kind
 
 
 BACKENDS = ("gloo", "nccl")

@@ -50,6 +50,7 @@ BUILD_ATTEMPTS = 3  # for every worker to leave on "exit" and its agent to end
 
 
 class MultiNodeWorld(TorchrunWorld):
+    soft_rebuilds = False  # a fresh group would span hosts: relaunch instead
     def __init__(self, spec: NodeSpec, nproc_per_node: int, backend: str = "gloo",
                  timeouts: Timeouts = DEFAULT_TIMEOUTS, device: str | None = None,
                  key: bytes | None = None) -> None:

@@ -7,12 +7,13 @@ from harness.errors import ConfigError
 from harness.history.scenario_history import ScenarioHistory
 from harness.scenario import Scenario
 from harness.timeouts import Timeouts
-from harness.world import open_world
+from harness.world import open_world, world_for
 
 
 class WorldPool:
     def __init__(self, kind: str, backend: str, timeouts: Timeouts,
-                 nproc: int | None = None, device: str | None = None) -> None:
+                 nproc: int | None = None, device: str | None = None,
+                 preload_vllm: bool = False) -> None:
         if kind != "sim" and nproc is None:
             raise ConfigError("nproc", f"the {kind} world is one job of a fixed size: give "
                               "--nproc")
@@ -20,19 +21,23 @@ class WorldPool:
         self.backend = backend
         self.device = device
         self.timeouts = timeouts
+        self.preload_vllm = preload_vllm
         self.nproc = nproc
-        self._worlds: dict[int, object] = {}
+        self._worlds: dict[tuple[str, int], object] = {}
         if nproc is not None:
-            self._open(nproc)  # bad input (backend, GPU count) is reported before any search
+            # Bad input (backend, GPU count) is reported before any search.
+            self._open(self.kind, nproc)
 
     def run(self, scenario: Scenario) -> ScenarioHistory:
         dp = scenario.config.dp_size
-        world = self._worlds.get(dp) or self._open(dp)
+        kind = world_for(self.kind, scenario.config)
+        world = self._worlds.get((kind, dp)) or self._open(kind, dp)
         return world.run(scenario)
 
-    def _open(self, dp: int):
-        world = open_world(self.kind, dp, self.backend, self.timeouts, self.device)
-        self._worlds[dp] = world
+    def _open(self, kind: str, dp: int):
+        world = open_world(kind, dp, self.backend, self.timeouts, self.device,
+                           preload_vllm=self.preload_vllm)
+        self._worlds[(kind, dp)] = world
         return world
 
     def close(self) -> list[int]:

@@ -42,7 +42,8 @@ class RankHang(RuntimeError):
         super().__init__(f"ranks {ranks} did not finish within {deadline_s:.1f} s")
 
 
-def _new_gloo_group(store, rank: int, size: int, timeout_s: float):
+def new_gloo_group(store, rank: int, size: int, timeout_s: float):
+    """A gloo group of one host (bound to loopback), as a ProcessGroup."""
     options = dist.ProcessGroupGloo._Options()
     options._timeout = timedelta(seconds=timeout_s)
     # Every rank is on this host: bind to loopback, never to whatever the hostname resolves to.
@@ -107,7 +108,7 @@ class ThreadWorld:
         store = dist.PrefixStore(self._prefix, self._store)
         # Group construction is itself a rendezvous: every rank must build concurrently.
         self.groups = run_in_threads(
-            self.size, lambda r: _new_gloo_group(store, r, self.size, self.timeout_s),
+            self.size, lambda r: new_gloo_group(store, r, self.size, self.timeout_s),
             deadline_s=self.timeout_s + 5.0, name="gloo-init")
         return self
 

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 
+from harness.config import Execution
 from harness.errors import ConfigError, ErrorOrigin
 from harness.faults import FaultKind
 from harness.history.records import StartupRecord, StepRecord
@@ -43,9 +44,12 @@ __all__ = ["LAUNCH_TIMEOUT_S", "STOP_TIMEOUT_S", "TorchrunWorld", "WorldError"]
 
 
 class TorchrunWorld:
+    # One host's ranks may form a fresh loopback group after a failure (not across nodes).
+    soft_rebuilds = True
+
     def __init__(self, nproc: int, backend: str = "gloo",
                  timeouts: Timeouts = DEFAULT_TIMEOUTS, device: str | None = None,
-                 spares: int | None = None) -> None:
+                 spares: int | None = None, preload_vllm: bool = False) -> None:
         self.layout = check_backend(backend, nproc, device)
         self.nproc = nproc
         self.backend = backend
@@ -55,7 +59,9 @@ class TorchrunWorld:
         # After a failed step an NCCL rank also waits, bounded, for its device.
         self.timeouts = timeouts.with_device_fence() if backend == "nccl" else timeouts
         self.launches = 0
+        self.preload_vllm = preload_vllm
         self.rebuilds = 0  # worlds ended by a failure
+        self.regroups = 0  # failures the same rank processes survived with a fresh group
         # Launches kept booting beside a world that has failed once (0 or 1).
         self.spares = spares_by_default(nproc) if spares is None else min(spares, 1)
         self._spare: AgentLaunch | None = None
@@ -109,7 +115,8 @@ class TorchrunWorld:
     def _launch(self) -> AgentLaunch:
         return launch_agent(self.nproc, [
             "--backend", self.backend, "--device", self.device,
-            "--collective-timeout", str(self.timeouts.collective_s)])
+            "--collective-timeout", str(self.timeouts.collective_s),
+            *(["--preload-vllm"] if self.preload_vllm else [])])
 
     def _take_spare(self) -> AgentLaunch | None:
         spare, self._spare = self._spare, None
@@ -181,6 +188,10 @@ class TorchrunWorld:
         failed = not steps_may_run(startup) or any(step_failed(s) for s in steps)
         if not evidence and steps_may_run(startup):
             self._clean_captures[(self.launches, scenario.config)] = tuple(startup)
+        if failed and not evidence and self._may_regroup(scenario, steps) and self._regroup():
+            return ScenarioHistory(scenario, self.timeouts, tuple(startup),
+                                   tuple(tuple(s) for s in steps),
+                                   "a rank failed; the same ranks formed a fresh group")
         if evidence or failed:
             # A timed-out or broken collective leaves the groups unusable: fresh world next,
             # once every rank still alive has shown where it stands.
@@ -191,6 +202,32 @@ class TorchrunWorld:
                 evidence += f"\nprocesses still alive after the kill: {survivors}"
         return ScenarioHistory(scenario, self.timeouts, tuple(startup),
                                tuple(tuple(s) for s in steps), evidence)
+
+    def _may_regroup(self, scenario: Scenario, steps) -> bool:
+        """A failure every rank survived, with no thread or run left behind, under vLLM's
+        execution code (whose imports make a relaunch cost 15 s on two cores) on gloo."""
+        if (not self.soft_rebuilds or scenario.config.execution is not Execution.VLLM
+                or self.backend != "gloo"):
+            return False
+        records = [r for s in steps for r in s]
+        return all(r is not None and not r.threads_alive and not r.pending_run
+                   and not (r.vllm_exec and r.vllm_exec.leftovers) for r in records)
+
+    def _regroup(self) -> bool:
+        """A soft rebuild: the ranks leave the failed group for a fresh one on torchrun's
+        store, under a prefix of their own, and drop what they built over the old one."""
+        self.regroups += 1
+        self._send_to_all(("regroup", self.regroups, self.timeouts.collective_s))
+        deadline = time.monotonic() + self.timeouts.startup_deadline_s
+        for rank, channel in self._channels.items():
+            try:
+                message = channel.recv(timeout_s=max(0.1, deadline - time.monotonic()))
+            except (ChannelClosed, TimeoutError):
+                return False
+            if message != ("regrouped", rank):
+                return False
+        self._clean_captures.clear()
+        return True
 
     def run_many(self, scenarios: Iterable[Scenario],
                  batch_size: int = BATCH_SIZE) -> Iterator[ScenarioHistory]:
@@ -221,6 +258,7 @@ class TorchrunWorld:
                 if not ready:
                     late = [r for r in waiting if time.monotonic() >= deadline[r]]
                     if late:
+                        _open_hung_step(scenario, startup, steps, n)
                         evidence = self._hang_evidence(late, steps)
                         return startup, _up_to_first_failure(steps), evidence
                     continue
@@ -320,6 +358,16 @@ def _lost_error(rank: int, scenario: Scenario, trace_dir: Path) -> StepError:
                          origin)
     return StepError("RankLost", "lost its process (ended by torchrun after a peer died, or "
                      "crashed)", None, ErrorOrigin.LOST)
+
+
+def _open_hung_step(scenario: Scenario, startup, steps, n: int) -> None:
+    """Every rank reported the last step, which went well, yet some never came back: they
+    hang in the next one, which gets a row (of None for whoever never reported it), so the
+    hang is judged, even when every rank is stuck (vLLM's own waits have no bound)."""
+    if any(r is None for r in startup) or len(steps) >= len(scenario.steps):
+        return
+    if not steps or (all(r is not None for r in steps[-1]) and not step_failed(steps[-1])):
+        steps.append([None] * n)
 
 
 def _up_to_first_failure(steps):

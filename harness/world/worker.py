@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from harness.faults import FaultKind
 from harness.scenario import scenario_from_dict
+from harness.sut.executions import rank_runtime_class
 from harness.sut.rank_runtime import RankRuntime
 from harness.sut.step_loop import run_steps
 from harness.timeouts import Timeouts
@@ -36,6 +37,7 @@ from harness.world.gpus import GpuLayout, shared_gpu_environment, visible_gpus
 from harness.world.nodes import driver_address, peer_closed, worker_node, world_group_args
 from harness.world.parent_death import die_with_parent
 from harness.world.processes import pid_alive
+from harness.world.threads import new_gloo_group
 
 WATCHDOG_PERIOD_S = 0.5
 ARRIVAL_TIMEOUT_S = 60.0
@@ -71,6 +73,15 @@ def wait_for_every_rank(world_size: int, name: str = "harness-arrived") -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"not every rank arrived within {ARRIVAL_TIMEOUT_S:.0f} s")
         time.sleep(0.01)
+
+
+def fresh_group(generation: int, timeout_s: float):
+    """A new gloo group of the same ranks over torchrun's store, under its own prefix."""
+    size = int(os.environ["WORLD_SIZE"])
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), size,
+                          is_master=False, timeout=timedelta(seconds=ARRIVAL_TIMEOUT_S))
+    prefixed = dist.PrefixStore(f"harness-regroup-{generation}/", store)
+    return new_gloo_group(prefixed, int(os.environ["RANK"]), size, timeout_s)
 
 
 def join_group(backend: str, device_type: str, timeout_s: float,
@@ -136,15 +147,27 @@ class Worker:
             if message[0] == "run":
                 with collector_paused():
                     self.run(message[1], Timeouts(**message[2]))
+            elif message[0] == "regroup":
+                self.regroup(message[1], message[2])
             elif message[0] == "batch":
                 with collector_paused():
                     for scenario_data in message[1]:
                         self.run_unattended(scenario_data, Timeouts(**message[2]))
 
+    def regroup(self, generation: int, timeout_s: float) -> None:
+        """Leave the group a failed step broke for a fresh one (harness/world/torchrun.py,
+        `_regroup`); everything built over the old group goes with it."""
+        try:
+            self.group = fresh_group(generation, timeout_s)
+            self.runtimes.clear()
+            self.channel.send(("regrouped", self.rank))
+        except Exception:  # noqa: BLE001 - the driver relaunches the world instead
+            self.channel.send(("regroup-failed", self.rank, traceback.format_exc()))
+
     def _runtime(self, config, timeouts: Timeouts):
         key = (config, timeouts)
         if key not in self.runtimes:
-            runtime = RankRuntime(
+            runtime = rank_runtime_class(config)(
                 config, self.rank, self.group, device=self.device,
                 emulated_graphs=self.emulated_graphs,
                 collective_timeout_s=timeouts.collective_s,
@@ -198,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", default="gloo")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--collective-timeout", type=float, default=5.0)
+    parser.add_argument("--preload-vllm", action="store_true",
+                        help="import vLLM's execution code before saying ready")
     args = parser.parse_args(argv)
 
     if args.driver_pid is not None:
@@ -230,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
         wait_for_every_rank(int(os.environ["WORLD_SIZE"]), arrival)
         device = join_group(args.backend, args.device, args.collective_timeout, group_args)
         group = dist.group.WORLD
+        if args.preload_vllm:
+            import harness.vllm_exec.runtime  # noqa: F401 - vLLM's imports, outside deadlines
         channel.send(("ready", rank))
         # Gloo's collectives on CUDA tensors sync with the host, so they cannot be captured
         # into a real graph: that world emulates its graphs over the CUDA tensors.

@@ -1,0 +1,325 @@
+"""A DP rank whose step runs on vLLM's own execution code (docs/vllm.md, "exec vllm").
+
+The decision is the configured system's (the harness's or vLLM's, `harness.sut.systems`);
+what executes it is vLLM's: `UBatchRunner.prepare` / `begin_capturable_run` / `finish` /
+`abort_pending_run`, the `UBatchContext` handoffs of `vllm/v1/worker/ubatching.py`, and
+`ModelCudaGraphManager.capture` / `run_fullgraph`, over the miniature MoE. The rank returns
+the same records as the harness's own runtime, plus what vLLM's threads did
+(`VllmExecTrace`). vLLM's own waits are unbounded: a step that never returns is ended by
+the world's deadline, with every thread's stack.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from vllm import forward_context
+from vllm.config.compilation import CUDAGraphMode as VllmMode
+from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
+from vllm.v1.worker.gpu.input_batch import InputBuffers
+
+from harness.config import CudaGraphMode, HarnessConfig
+from harness.faults import Fault, FaultKind, InjectedFault
+from harness.history.decision import GraphDescriptor
+from harness.history.records import (
+    GraphRecord,
+    StartupRecord,
+    StepRecord,
+    VllmExecTrace,
+    rows_of,
+)
+from harness.history.step_error import error_of
+from harness.model.state import RequestSpec, StateCache, initial_state
+from harness.runtime.comm import CollectiveLog, EagerAllToAll, LoggedAllToAll
+from harness.scenario import RankStep
+from harness.sut import systems
+from harness.vllm_exec.inputs import (
+    ATTN_GROUPS,
+    KV_CACHE_CONFIG,
+    DummyBlockTables,
+    MiniModelState,
+    step_input_batch,
+    whole_step_attn,
+)
+from harness.vllm_exec.model import MiniModel, VllmStyleMoE
+from harness.vllm_exec.stand_ins import cpu_stand_ins
+from harness.vllm_sut.candidates import to_harness
+from harness.vllm_sut.code import vllm_code
+from harness.vllm_sut.configs import vllm_configs
+
+Span = tuple[int, int, int, int]
+
+
+def _span(s) -> Span:
+    return (s.request_slice.start, s.request_slice.stop, s.token_slice.start, s.token_slice.stop)
+
+
+def to_vllm(desc: GraphDescriptor) -> BatchExecutionDescriptor:
+    return BatchExecutionDescriptor(VllmMode[desc.cg_mode.name], desc.num_tokens, desc.num_reqs,
+                                    desc.uniform_token_count, desc.max_query_len,
+                                    num_ubatches=desc.num_ubatches)
+
+
+class VllmExecRuntime:
+    """One rank: vLLM's runner and graph manager over the miniature, on CPU stand-ins."""
+
+    def __init__(self, config: HarnessConfig, rank: int, group, *, device: str = "cpu",
+                 collective_timeout_s: float = 5.0, hang_timeout_s: float = 5.0,
+                 trace_path: str | None = None, **unused: object) -> None:
+        self.config = config
+        self.rank = rank
+        self.group = group
+        self.collective_timeout_s = collective_timeout_s
+        self.code = vllm_code(config)
+        self.stand_ins = cpu_stand_ins(collective_timeout_s)
+        self.stand_ins.install(self.code.ubatching, self.code.runner_module,
+                               self.code.cudagraph_utils)
+        self.log = CollectiveLog(trace_path)
+        self.moe = VllmStyleMoE(config, rank, LoggedAllToAll(
+            EagerAllToAll(group, collective_timeout_s), self.log), self.code.ubatching)
+        self.cache = StateCache(config.max_num_reqs, config.hidden_size)
+        self.cache.state.copy_(initial_state(config, rank))
+        self.model = MiniModel(self.moe, self.cache, forward_context)
+        self.table = systems.graph_table(config, rank)
+        self.vllm_config = _for_rank(vllm_configs(config), rank)
+        self.model_state = MiniModelState(config.max_num_reqs, config.num_ubatches,
+                                          self.cache.scratch_slot)
+        self.buffers = InputBuffers(config.max_num_reqs, config.max_num_batched_tokens,
+                                    torch.device("cpu"))
+        self.block_tables = DummyBlockTables(config.max_num_reqs, config.max_num_batched_tokens)
+        self.runner = self._build_runner()
+        self.manager = self._build_manager()
+        self._last_split: tuple[Span, ...] = ()
+        self.captured_splits: dict[int, tuple[Span, ...]] = {}  # id(graph) -> split
+        self.graph_fingerprints: dict[int, tuple] = {}
+
+    def _build_runner(self):
+        parallel = self.vllm_config.parallel_config
+        if not (parallel.use_ubatching and parallel.data_parallel_size > 1):
+            return None  # as vLLM's maybe_build_ubatch_runner decides
+        runner = self.code.runner_module.UBatchRunner(
+            self.vllm_config, torch.device("cpu"), self.model_state, ATTN_GROUPS,
+            KV_CACHE_CONFIG, self.config.max_num_reqs)
+        prepare = runner.prepare
+
+        def prepare_and_note(*args, **kwargs):
+            state = prepare(*args, **kwargs)
+            self._last_split = tuple(_span(s) for s in state.slices)
+            return state
+
+        runner.prepare = prepare_and_note  # the split a capture freezes is noted per graph
+        return runner
+
+    def _build_manager(self):
+        mode = VllmMode[self.config.cudagraph_mode.name]
+        return self.code.cudagraph_utils.ModelCudaGraphManager(
+            self.vllm_config, torch.device("cpu"), mode, self.config.decode_query_len,
+            varlen_decode=self.config.varlen_decode, ubatch_runner=self.runner)
+
+    def reset_state(self) -> None:
+        self.cache.state.copy_(initial_state(self.config, self.rank))
+
+    # -- start-up --------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _observe_capture(self, graph) -> Iterator[None]:
+        # The split is the one prepared just before: vLLM prepares outside the graph.
+        mark = self.log.mark()
+        yield
+        self.graph_fingerprints[id(graph)] = self.log.since(mark)
+        self.captured_splits[id(graph)] = self._last_split
+
+    def startup(self) -> StartupRecord:
+        start = time.monotonic()
+        error = None
+        self.stand_ins.capture_observer = self._observe_capture
+        try:
+            if self.manager.needs_capture():
+                self.manager.capture(self.model, self.model_state, self.buffers, None,
+                                     self.block_tables, ATTN_GROUPS, KV_CACHE_CONFIG)
+        except BaseException as exc:  # noqa: BLE001 - reported in the record
+            error = error_of(exc)
+        finally:
+            self.stand_ins.capture_observer = contextlib.nullcontext
+        planned = tuple(d.label() for d in self.table.capture_order()
+                        if d.cg_mode is CudaGraphMode.FULL)
+        return StartupRecord(self.rank, planned, self._graph_records(), error,
+                             self.alive_threads(), self.has_pending_run,
+                             time.monotonic() - start)
+
+    def _graph_records(self) -> tuple[GraphRecord, ...]:
+        records = []
+        for vdesc, graph in self.manager.graphs.items():
+            desc = to_harness(vdesc)
+            reached = (self.table.reaching_batch_size(desc) if desc.microbatched
+                       else desc.num_tokens)
+            records.append(GraphRecord(desc.label(), desc.num_ubatches, graph.is_empty,
+                                       self.graph_fingerprints.get(id(graph), ()), 0, reached))
+        return tuple(records)
+
+    @property
+    def has_pending_run(self) -> bool:
+        return self.runner is not None and self.runner._pending_finish is not None
+
+    @staticmethod
+    def alive_threads() -> tuple[str, ...]:
+        # vLLM's microbatch threads are unnamed; their names carry their target.
+        return tuple(t.name for t in threading.enumerate()
+                     if "run_ubatch" in t.name and t.is_alive())
+
+    # -- a step ----------------------------------------------------------------------------
+
+    def step(self, index: int, requests: Sequence[RequestSpec], rank_step: RankStep,
+             faults: Sequence[Fault] = ()) -> StepRecord:
+        start = time.monotonic()
+        batch = rank_step.batch(self.config.decode_query_len)
+        mark, events = self.log.mark(), len(self.stand_ins.event_log)
+        trace = self.moe.arm(faults)
+        self.stand_ins.thread_setup.arm(_setup_fault(faults))
+        kinds = {f.kind for f in faults}
+        plan, ran, error = None, None, None
+        self.log.note(f"step {index}")
+        try:
+            if FaultKind.SLOW_RANK in kinds:
+                time.sleep(max(f.seconds for f in faults if f.kind is FaultKind.SLOW_RANK))
+            if FaultKind.SKIP_SYNC in kinds:
+                raise InjectedFault(f"rank {self.rank} skipped the DP sync")
+            plan = systems.decide(self.group, self.config, self.rank, batch,
+                                  self.collective_timeout_s, self.log)
+            if FaultKind.ABORT_RANK in kinds:
+                os.abort()  # the process ends here; its peers wait in the all-to-all
+            with torch.inference_mode():  # as vLLM's worker runs execute_model
+                ran = self._execute(plan, requests, batch.num_tokens)
+        except BaseException as exc:  # noqa: BLE001 - reported in the record
+            error = error_of(exc)
+        finally:
+            self.stand_ins.thread_setup.arm(None)
+        fingerprint = self.log.since(mark) + (ran.graph_fingerprint if ran else ())
+        exec_trace = VllmExecTrace(tuple(trace.errors), tuple(trace.recv), self._leftovers(),
+                                   tuple(self.stand_ins.event_log[events:]))
+        return StepRecord(
+            rank=self.rank, step=index, plan=plan,
+            executed=ran.executed if ran else "failed",
+            captured_split=ran.captured_split if ran else (),
+            replay_split=ran.replay_split if ran else (),
+            fingerprint=fingerprint, routes=self._routes(ran) if ran else (),
+            replayed=ran.replayed if ran else None, ran_split=ran.split if ran else (),
+            a2a_tokens_per_rank=self.moe.capacity // self.config.top_k,
+            outputs=rows_of(ran.outputs) if ran else (), state=rows_of(self.cache.state),
+            threads_alive=self.alive_threads(), pending_run=self.has_pending_run,
+            error=error, injected_fault=bool(faults), seconds=time.monotonic() - start,
+            vllm_exec=exec_trace)
+
+    def _execute(self, plan, requests: Sequence[RequestSpec], real_tokens: int) -> _Ran:
+        desc = plan.desc
+        vdesc = to_vllm(desc)
+        graph = (self.manager.graphs.get(vdesc) if desc.cg_mode is CudaGraphMode.FULL
+                 else None)
+        num_tokens = max(plan.num_tokens, real_tokens, 1)
+        num_reqs = max(plan.num_reqs or 0, len(requests), 1)
+        if graph is not None:
+            num_tokens, num_reqs = vdesc.num_tokens, vdesc.num_reqs or num_reqs
+        batch = step_input_batch(self.buffers, requests, num_tokens, num_reqs,
+                                 self.cache.scratch_slot)
+        whole = ((0, num_reqs, 0, num_tokens),)
+        if graph is not None:
+            return self._replay(vdesc, graph, batch, real_tokens, whole)
+        inputs = {"input_ids": batch.input_ids, "positions": batch.positions,
+                  "inputs_embeds": None, "intermediate_tensors": None}
+        if desc.num_ubatches > 1:
+            state = self.runner.prepare(batch, *self._dummy_tables(num_reqs, num_tokens),
+                                        cg_mode=VllmMode.NONE)
+            hidden = self.runner.run(self.model, inputs, state)
+            split = tuple(_span(s) for s in state.slices)
+            return _Ran("eager-microbatched", split, (), (), None, hidden[:real_tokens], ())
+        attn = whole_step_attn(self.model_state, batch)
+        with forward_context.set_forward_context(
+                attn, self.vllm_config, num_tokens=num_tokens,
+                num_tokens_across_dp=plan.state and _across_dp(plan.state),
+                is_padding=batch.is_padding):
+            hidden = self.model(**inputs)
+        return _Ran("eager", whole, (), (), None, hidden[:real_tokens], ())
+
+    def _replay(self, vdesc, graph, batch, real_tokens: int, whole) -> _Ran:
+        if vdesc.num_ubatches > 1:
+            state = self.runner.prepare(batch, *self._dummy_tables(vdesc.num_reqs,
+                                                                   vdesc.num_tokens),
+                                        cg_mode=VllmMode.FULL)
+            replay_split = tuple(_span(s) for s in state.slices)
+            captured = self.captured_splits.get(id(graph), ())
+        else:
+            whole_step_attn(self.model_state, batch)
+            replay_split = captured = whole
+        hidden = self.manager.run_fullgraph(vdesc)
+        for i, s in enumerate(captured):  # the replay's routes are in the captured buffers
+            self.moe.reserve(i, s[3] - s[2])
+        label = to_harness(vdesc).label()
+        return _Ran("replay", captured, captured, replay_split, label, hidden[:real_tokens],
+                    self.graph_fingerprints.get(id(graph), ()))
+
+    def _dummy_tables(self, num_reqs: int, num_tokens: int):
+        return (self.block_tables.get_dummy_block_tables(num_reqs),
+                self.block_tables.get_dummy_slot_mappings(num_tokens))
+
+    def _routes(self, ran: _Ran) -> tuple[tuple[int, int, int], ...]:
+        if ran is None:
+            return ()
+        return tuple(sorted(route for i, s in enumerate(ran.split)
+                            for route in self.moe.received_routes(i, s[3] - s[2])))
+
+    def _leftovers(self) -> tuple[str, ...]:
+        """vLLM's process-global ubatching state and forward context left set by the step."""
+        u = self.code.ubatching
+        left = [f"_CURRENT_CONTEXTS[{i}] is set" for i, c in enumerate(u._CURRENT_CONTEXTS)
+                if c is not None]
+        if u._THREAD_ID_TO_CONTEXT:
+            left.append(f"_THREAD_ID_TO_CONTEXT holds {len(u._THREAD_ID_TO_CONTEXT)} thread(s)")
+        if forward_context._forward_context is not None:
+            left.append("the forward context is set")
+        return tuple(left)
+
+
+@dataclass(frozen=True)
+class _Ran:
+    """How a step executed: its kind, the split the model ran, what a replay compared."""
+
+    executed: str
+    split: tuple[Span, ...]
+    captured_split: tuple[Span, ...]
+    replay_split: tuple[Span, ...]
+    replayed: str | None
+    outputs: torch.Tensor
+    graph_fingerprint: tuple
+
+
+def _for_rank(configs, rank: int):
+    """vLLM's configs as rank `rank` holds them (DPMetadata reads its own row by it)."""
+    parallel = copy.deepcopy(configs.parallel_config)
+    parallel.data_parallel_rank = rank
+    return dataclasses.replace(configs, parallel_config=parallel)
+
+
+def _across_dp(state) -> torch.Tensor:
+    return torch.tensor(state.num_tokens_across_dp, dtype=torch.int32)
+
+
+def _setup_fault(faults: Sequence[Fault]):
+    """Raises in the set-up of the n-th microbatch thread to reach it, when a fault says so."""
+    targets = {f.ubatch for f in faults if f.kind is FaultKind.RAISE_IN_SETUP}
+    if not targets:
+        return None
+
+    def hook(order: int) -> None:
+        if order in targets:
+            raise InjectedFault(f"injected failure in microbatch thread {order}'s device "
+                                "set-up, before its context")
+
+    return hook

@@ -1,0 +1,139 @@
+"""vLLM 0.33.0's own execution code under test (`execution: vllm`): its UBatchRunner,
+ubatching contexts and ModelCudaGraphManager run every rank's step on torchrun rank
+processes; its two known failures are found, named, and read clean under the fix.
+
+Skipped where vLLM does not import (`make test-vllm` installs it)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.check.judge import judge
+from harness.config import HarnessConfig
+from harness.errors import ConfigError
+from harness.scenario import load_scenario, scenario_from_dict
+from harness.timeouts import Timeouts
+from harness.vllm_code.source import read_patch
+from harness.vllm_sut.available import unavailable_reason, vllm_version
+from harness.world.torchrun import TorchrunWorld
+
+if vllm_version() is None:
+    pytest.skip(unavailable_reason(), allow_module_level=True)
+
+only_0_33 = pytest.mark.skipif(vllm_version() != "0.33.0",
+                               reason=f"the fix is against vllm 0.33.0, this is {vllm_version()}")
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIOS = ROOT / "scenarios" / "vllm"
+FIX = read_patch(SCENARIOS / "patches" / "pr55586-unwind.diff")
+TIMEOUTS = Timeouts(collective_s=2.0, hang_s=4.0, step_deadline_s=10.0)
+SMALL = {"max_num_reqs": 16, "max_num_batched_tokens": 32, "decode_threshold": 4,
+         "prefill_threshold": 16}
+
+
+@pytest.fixture(scope="module")
+def world():
+    with TorchrunWorld(2, timeouts=TIMEOUTS) as w:
+        yield w
+
+
+def run(world, data: dict, patches=()):
+    scenario = scenario_from_dict(data)
+    if patches:
+        config = scenario.config.with_changes(vllm_patches=patches)
+        scenario = scenario_from_dict({**data, "config": config.to_dict()})
+    return judge(world.run(scenario))
+
+
+def failed(result) -> dict[str, str]:
+    return {v.checker: v.detail for _, v in result.failed_verdicts()}
+
+
+def test_vllms_runner_replays_its_microbatched_twin_with_the_reference_rows(world):
+    result = run(world, {"config": {"execution": "vllm", "capture_sizes": [8, 16], **SMALL},
+                         "steps": [{"ranks": [{"tokens": 8}, {"tokens": 7}]},
+                                   {"ranks": [{"tokens": 3}, {"tokens": 16}]}]})
+    assert result.ok, failed(result)
+    twin = [r for r in result.steps[0].records]
+    assert {r.replayed for r in twin} == {"FULL/8tok/8req/uct1/ub2"}
+    assert all(len(r.captured_split) == 2 for r in twin)
+    # A replay runs the captured ops, no Python receive hook: nothing to trace.
+    assert all(r.vllm_exec.receives == () for r in twin)
+    assert {g.label for g in result.startup[0].graphs} >= {"FULL/8tok/8req/uct1/ub2",
+                                                         "FULL/16tok/16req"}
+
+
+@pytest.mark.parametrize("backend", ["deepep_low_latency", "deepep_high_throughput"])
+def test_vllms_eager_microbatched_steps_match_the_reference_in_both_overlap_styles(world,
+                                                                                   backend):
+    result = run(world, {"config": {"execution": "vllm", "cudagraph_mode": "NONE",
+                                    "all2all_backend": backend, "ubatch_size": 3,
+                                    "enable_dbo": False, **SMALL},
+                         "steps": [{"ranks": [{"tokens": 12}, {"tokens": 9}]},
+                                   {"ranks": [{"query_lens": [5, 1, 1]}, {"tokens": 16}]}]})
+    assert result.ok, failed(result)
+    assert {r.executed for r in result.steps[0].records} == {"eager-microbatched"}
+    # Every receive was traced: issued, its hook run, read (2 per microbatch, 3 microbatches).
+    receives = result.steps[0].records[0].vllm_exec.receives
+    assert {e.kind for e in receives} == {"issued", "hook", "read"}
+    assert len({e.receive for e in receives}) == 6
+    if backend == "deepep_high_throughput":
+        events = result.steps[0].records[0].vllm_exec.stream_events
+        assert any("vllm-comm" in e for e in events), events
+
+
+@only_0_33
+def test_the_sibling_failure_hang_is_named_by_the_vllm_frame_it_is_parked_in(world):
+    data = json.loads((SCENARIOS / "exec-sibling-failure-hang.json").read_text())
+    verdicts = failed(run(world, data))
+    assert "liveness" in verdicts
+    assert "vllm/v1/worker/ubatching.py" in verdicts["liveness"]
+    assert "(_cpu_yield)" in verdicts["liveness"]
+
+
+@only_0_33
+def test_the_recv_hook_crash_is_named_with_the_attribute_error_and_its_line(world):
+    data = json.loads((SCENARIOS / "exec-recv-hook-on-exited-context.json").read_text())
+    verdicts = failed(run(world, data))
+    assert "'NoneType' object has no attribute 'recv_hook'" in verdicts["errors"]
+    assert "vllm/v1/worker/ubatching.py:" in verdicts["errors"]
+    assert "(dbo_register_recv_hook)" in verdicts["errors"]
+
+
+@only_0_33
+@pytest.mark.parametrize("name", ["exec-sibling-failure-hang", "exec-recv-hook-on-exited-context"])
+def test_the_unwinding_fix_reads_clean_where_vllm_0_33_fails(world, name):
+    data = json.loads((SCENARIOS / f"{name}.json").read_text())
+    result = run(world, data, (FIX,))
+    assert result.ok, failed(result)
+
+
+@only_0_33
+def test_a_thread_that_fails_in_its_device_set_up_hangs_the_starter_at_the_barrier(world):
+    data = {"config": {"execution": "vllm", "sut": "vllm", "cudagraph_mode": "NONE", **SMALL},
+            "steps": [{"ranks": [{"tokens": 10}, {"tokens": 12}]}],
+            "faults": [{"kind": "raise_in_setup", "rank": 1, "step": 0, "ubatch": 1}]}
+    verdicts = failed(run(world, data))
+    assert "vllm/v1/worker/gpu/ubatch_utils.py" in verdicts["liveness"]
+    fixed = run(world, data, (FIX,))
+    assert fixed.ok, failed(fixed)
+
+
+def test_the_regression_scenarios_name_the_checker_that_catches_them():
+    for path in SCENARIOS.glob("exec-*.json"):
+        scenario = load_scenario(path)
+        assert scenario.config.execution.value == "vllm"
+        assert scenario.caught_by in ("liveness", "errors")
+
+
+def test_vllm_execution_refuses_the_harness_execution_switches_in_one_line():
+    with pytest.raises(ConfigError, match="^protocol: switches the harness's own execution"):
+        HarnessConfig(execution="vllm", protocol="stock")
+
+
+def test_a_stage_fault_of_vllms_threads_needs_vllms_execution():
+    with pytest.raises(ConfigError, match=r"^faults\[0\]\.kind: raise_in_setup is a stage"):
+        scenario_from_dict({"config": {}, "steps": [{"ranks": [{"tokens": 4}, {"tokens": 4}]}],
+                            "faults": [{"kind": "raise_in_setup", "rank": 0}]})
