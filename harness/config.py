@@ -82,8 +82,7 @@ class DecisionSystem(enum.Enum):
 
 
 class Execution(enum.Enum):
-    """Whose code runs the step a rank decided: microbatch threads, handoffs, capture, replay."""
-
+    """Whose code runs a decided step: microbatch threads, handoffs, capture, replay."""
     HARNESS = "harness"  # the harness's runner, ring protocol and graph manager
     VLLM = "vllm"  # vLLM's UBatchRunner, UBatchContexts and ModelCudaGraphManager (vllm_exec)
 
@@ -117,9 +116,8 @@ def _is_int(value: Any) -> bool:
 HARNESS_ONLY_FIELDS = (("guard", "fixed"), ("twins", "reachable"), ("threshold_offset_rank", None),
                        ("ubatch_vote", "synced"), ("query_len_bound", "synced"))
 # Switches of the harness's own execution; vLLM's runner and graph manager bring their own.
-HARNESS_EXECUTION_FIELDS = (("protocol", "abortable"), ("capture_on", "runner"),
-                            ("capture_key", "total"), ("eager_slices", "own"),
-                            ("dummy_padding", "agreed"))
+HARNESS_EXECUTION_FIELDS = (("protocol", "abortable"), ("capture_on", "runner"), ("capture_key",
+                            "total"), ("eager_slices", "own"), ("dummy_padding", "agreed"))
 
 
 @dataclass(frozen=True)
@@ -261,21 +259,16 @@ class HarnessConfig:
                 if getattr(value, "value", value) != default:
                     raise ConfigError(name, "switches the harness's own decision code; the "
                                       "vllm system under test brings its own")
-        if self.execution is Execution.VLLM:
-            self._validate_vllm_execution()
+        for name, default in HARNESS_EXECUTION_FIELDS if self.execution is Execution.VLLM else ():
+            if getattr(self, name).value != default:
+                raise ConfigError(name, "switches the harness's own execution; with execution "
+                                  "vllm, vLLM's runner and graph manager bring their own")
         check_vllm_code_fields(self.vllm_src, self.vllm_patches, self.differential_against_base)
         if self.threshold_offset_rank is not None and not (
                 0 <= self.threshold_offset_rank < self.dp_size):
             raise ConfigError("threshold_offset_rank", f"rank {self.threshold_offset_rank} "
                               f"is outside dp_size={self.dp_size}")
 
-    def _validate_vllm_execution(self) -> None:
-        for name, default in HARNESS_EXECUTION_FIELDS:
-            if getattr(self, name).value != default:
-                raise ConfigError(name, "switches the harness's own execution; with execution "
-                                  "vllm, vLLM's runner and graph manager bring their own")
-        if self.single_rank_gpu_world:
-            raise ConfigError("execution", "vllm runs on DP worlds of two ranks or more")
 
     @property
     def uses_vllm(self) -> bool:

@@ -27,6 +27,7 @@ only_0_33 = pytest.mark.skipif(vllm_version() != "0.33.0",
                                reason=f"the fix is against vllm 0.33.0, this is {vllm_version()}")
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "scenarios" / "vllm"
+EXEC = SCENARIOS / "exec"  # regression scenarios of vLLM's execution code
 FIX = read_patch(SCENARIOS / "patches" / "pr55586-unwind.diff")
 TIMEOUTS = Timeouts(collective_s=2.0, hang_s=4.0, step_deadline_s=10.0)
 SMALL = {"max_num_reqs": 16, "max_num_batched_tokens": 32, "decode_threshold": 4,
@@ -86,7 +87,7 @@ def test_vllms_eager_microbatched_steps_match_the_reference_in_both_overlap_styl
 
 @only_0_33
 def test_the_sibling_failure_hang_is_named_by_the_vllm_frame_it_is_parked_in(world):
-    data = json.loads((SCENARIOS / "exec-sibling-failure-hang.json").read_text())
+    data = json.loads((EXEC / "sibling-failure-hang.json").read_text())
     verdicts = failed(run(world, data))
     assert "liveness" in verdicts
     assert "vllm/v1/worker/ubatching.py" in verdicts["liveness"]
@@ -95,17 +96,21 @@ def test_the_sibling_failure_hang_is_named_by_the_vllm_frame_it_is_parked_in(wor
 
 @only_0_33
 def test_the_recv_hook_crash_is_named_with_the_attribute_error_and_its_line(world):
-    data = json.loads((SCENARIOS / "exec-recv-hook-on-exited-context.json").read_text())
+    data = json.loads((EXEC / "recv-hook-on-exited-context.json").read_text())
+    run(world, data)  # the world is up (an earlier test may have ended it)
+    launches, regroups = world.launches, world.regroups
     verdicts = failed(run(world, data))
+    # Every rank survived the failure: the same processes formed a fresh group.
+    assert (world.launches, world.regroups) == (launches, regroups + 1)
     assert "'NoneType' object has no attribute 'recv_hook'" in verdicts["errors"]
     assert "vllm/v1/worker/ubatching.py:" in verdicts["errors"]
     assert "(dbo_register_recv_hook)" in verdicts["errors"]
 
 
 @only_0_33
-@pytest.mark.parametrize("name", ["exec-sibling-failure-hang", "exec-recv-hook-on-exited-context"])
+@pytest.mark.parametrize("name", ["sibling-failure-hang", "recv-hook-on-exited-context"])
 def test_the_unwinding_fix_reads_clean_where_vllm_0_33_fails(world, name):
-    data = json.loads((SCENARIOS / f"{name}.json").read_text())
+    data = json.loads((EXEC / f"{name}.json").read_text())
     result = run(world, data, (FIX,))
     assert result.ok, failed(result)
 
@@ -122,7 +127,9 @@ def test_a_thread_that_fails_in_its_device_set_up_hangs_the_starter_at_the_barri
 
 
 def test_the_regression_scenarios_name_the_checker_that_catches_them():
-    for path in SCENARIOS.glob("exec-*.json"):
+    paths = sorted(EXEC.glob("*.json"))
+    assert len(paths) == 2
+    for path in paths:
         scenario = load_scenario(path)
         assert scenario.config.execution.value == "vllm"
         assert scenario.caught_by in ("liveness", "errors")

@@ -6,6 +6,7 @@ first offending value, so a report says which input broke what where.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 
 from harness.check import execution, vllm_exec
@@ -24,6 +25,8 @@ TOLERANCE = 1e-9
 # What a rank with an injected fault may fail with: the fault, its kill, or the microbatch
 # runner's report of which microbatch it broke.
 NAMED_FAULT_ERRORS = ("InjectedFault", "RankKilled", "RankCrashed", "MicrobatchFailed")
+# How vLLM's UBatchRunner names the microbatch that broke a run ("Microbatch 0 of 2 failed").
+VLLM_RUNNER_REPORT = re.compile(r"Microbatch \d+ of \d+ failed")
 
 
 
@@ -85,10 +88,11 @@ def _waited_on_another(rec: StepRecord) -> bool:
 
 def _names_the_fault(err: StepError) -> bool:
     """The fault itself, a killed rank, or the failed microbatch it caused, named by its id
-    (the harness's MicrobatchFailed, or vLLM's runner error raised from the fault)."""
+    (the harness's MicrobatchFailed, or vLLM's UBatchRunner.finish report raised from it)."""
     return (err.origin in (ErrorOrigin.INJECTED, ErrorOrigin.KILLED)
             and (err.kind in NAMED_FAULT_ERRORS
-                 or (err.cause or "").startswith(NAMED_FAULT_ERRORS[0])))
+                 or (err.kind == "RuntimeError" and VLLM_RUNNER_REPORT.match(err.message)
+                     is not None)))
 
 
 def check_agreement(records: Sequence[StepRecord]) -> Verdict:

@@ -63,7 +63,8 @@ class MatrixCell:
 
     def to_dict(self) -> dict[str, Any]:
         return {"row": self.row, "k": self.column.num_ubatches, "dp": self.column.dp_size,
-                "variant": self.column.variant, "found": self.found, "checker": self.checker, "detail": self.detail,
+                "variant": self.column.variant, "found": self.found, "checker": self.checker,
+                "detail": self.detail,
                 "examples": self.examples, "seconds": round(self.seconds, 3),
                 "tokens": [list(t) for t in self.tokens], "capture_sizes": list(self.graphs),
                 "replay": self.replay, "note": self.note}

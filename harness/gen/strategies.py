@@ -331,7 +331,7 @@ def steps(draw, config_strategy=None) -> tuple[HarnessConfig, list[RankBatch]]:
     return config, batches
 
 
-SLOW_UBATCH_SECONDS = (0.1, 0.4)
+SLOW_UBATCH_SECONDS = (0.1, 0.4)  # below the fuzzer's collective bound: slow, never failed
 
 
 @st.composite
@@ -348,7 +348,6 @@ def faults(draw, config: HarnessConfig, num_steps: int, kinds: Sequence[FaultKin
     fault = Fault(kind, draw(st.integers(0, config.dp_size - 1)), draw(step),
                   draw(st.integers(0, max(config.num_ubatches, 1) - 1)))
     if kind is FaultKind.SLOW_UBATCH:
-        # Below the fuzzer's collective bound: slow, never failed (docs/spec.md §8.7).
         fault = replace(fault, seconds=draw(st.sampled_from(SLOW_UBATCH_SECONDS)))
     return (fault,)
 

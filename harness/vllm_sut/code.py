@@ -27,15 +27,20 @@ from harness.errors import ConfigError
 from harness.vllm_code.identity import VllmIdentity, git_commit, tree_version
 from harness.vllm_code.source import VllmPatch, module_name, patched_files
 
-# What the adapters call into, in import order (each imports the ones before it): vLLM's
-# decision modules, and its execution modules (the ubatching contexts, the runner).
+# What the decision adapter calls into, in import order (each imports the ones before it).
 DECISION_MODULES = (
-    "vllm.v1.worker.ubatching",
     "vllm.v1.worker.ubatch_utils",
-    "vllm.v1.worker.gpu.ubatch_utils",
     "vllm.v1.worker.gpu.cudagraph_utils",
     "vllm.v1.worker.gpu.dp_utils",
 )
+# What `execution = vllm` runs (harness/vllm_exec): the ubatching contexts and the runner.
+# Loaded with the decision modules where the tree has them, so that a patch to either is
+# re-executed with the rest.
+EXECUTION_MODULES = ("vllm.v1.worker.ubatching", "vllm.v1.worker.gpu.ubatch_utils")
+# Every module above, in import order.
+MODULE_ORDER = ("vllm.v1.worker.ubatching", "vllm.v1.worker.ubatch_utils",
+                "vllm.v1.worker.gpu.ubatch_utils", "vllm.v1.worker.gpu.cudagraph_utils",
+                "vllm.v1.worker.gpu.dp_utils")
 _LOCK = threading.Lock()
 _CACHE: dict[CodeKey, VllmCode] = {}
 
@@ -64,12 +69,17 @@ class VllmCode:
 
     @property
     def ubatching(self) -> ModuleType:
-        return self.modules["vllm.v1.worker.ubatching"]
+        return self._execution("vllm.v1.worker.ubatching")
 
     @property
     def runner_module(self) -> ModuleType:
         """vllm.v1.worker.gpu.ubatch_utils: UBatchRunner."""
-        return self.modules["vllm.v1.worker.gpu.ubatch_utils"]
+        return self._execution("vllm.v1.worker.gpu.ubatch_utils")
+
+    def _execution(self, name: str) -> ModuleType:
+        if name not in self.modules:
+            raise ConfigError("execution", f"the vLLM under test has no {_rel(name)}")
+        return self.modules[name]
 
     @property
     def cudagraph_utils(self) -> ModuleType:
@@ -143,20 +153,34 @@ def _identity(key: CodeKey, root: Path) -> VllmIdentity:
     return VllmIdentity(version, str(root), git_commit(root), tuple(p.short for p in key.patches))
 
 
+def _importable(name: str) -> ModuleType | None:
+    """An execution module of the vllm that imports, or None where it has none."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and name.startswith(exc.name):
+            return None
+        raise
+
+
 def _load(key: CodeKey) -> VllmCode:
     ensure_vllm_importable(key.vllm_src)
     shared = {name: importlib.import_module(name) for name in DECISION_MODULES}
+    shared.update({name: module for name in EXECUTION_MODULES
+                   if (module := _importable(name)) is not None})
     if key.is_installed:
         return VllmCode(key, shared, _identity(key, installed_root()))
     root = check_source_tree(key.vllm_src) if key.vllm_src else installed_root()
     patched = {module_name(rel): (root / rel, text)
                for rel, text in patched_files(root, key.patches).items()}
-    order = [m for m in patched if m not in DECISION_MODULES] + list(DECISION_MODULES)
+    # A tree without the execution modules (an older vLLM) decides all the same.
+    ours = [m for m in MODULE_ORDER if m in DECISION_MODULES or (root / _rel(m)).is_file()]
+    order = [m for m in patched if m not in ours] + ours
     sources = {m: patched.get(m) or (root / _rel(m), (root / _rel(m)).read_text())
                for m in order}
     names = ", ".join(p.name for p in key.patches)
     modules = _execute_privately(order, sources, set(patched), f" [patched: {names}]")
-    return VllmCode(key, {m: modules[m] for m in DECISION_MODULES}, _identity(key, root))
+    return VllmCode(key, {m: modules[m] for m in ours}, _identity(key, root))
 
 
 class _InMemorySource(importlib.abc.SourceLoader):

@@ -31,6 +31,7 @@ from harness.timeouts import DEFAULT_TIMEOUTS, Timeouts
 from harness.world.crash import crashed_history, describe_exit
 from harness.world.evidence import last_collective, native_abort_message
 from harness.world.processes import package_pythonpath, pid_alive
+from harness.world.sim import refuse_threads_for_vllm_execution
 from harness.world.wire import Channel, ChannelClosed
 
 ZYGOTE_START_S = 90.0  # an interpreter importing torch on a loaded machine
@@ -194,6 +195,7 @@ class SandboxedSimWorld:
         return self._runner[1] if self._runner else None
 
     def run(self, scenario: Scenario) -> ScenarioHistory:
+        refuse_threads_for_vllm_execution(scenario.config)
         if scenario.config.dp_size != self.nproc:
             raise ConfigError("dp_size", f"the scenario has {scenario.config.dp_size} ranks "
                               f"but this world has {self.nproc}")

@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.config import HarnessConfig
+from harness.config import Execution, HarnessConfig
 from harness.errors import ConfigError
 from harness.faults import FaultKind
 from harness.history.records import StartupRecord, StepRecord
@@ -34,6 +34,13 @@ from harness.world.threads import ThreadWorld
 
 # Captured graph sets kept per world; the fuzzer's config space is small on purpose.
 MAX_CACHED_CONFIGS = 32
+
+
+def refuse_threads_for_vllm_execution(config: HarnessConfig) -> None:
+    """vLLM's ubatching state is module-global: its execution code needs a process per rank."""
+    if config.execution is Execution.VLLM:
+        raise ConfigError("execution", "vllm keeps its microbatch state per process: run it "
+                          "on the torchrun world (the default world routes it there)")
 
 
 class SimWorld:
@@ -70,6 +77,7 @@ class SimWorld:
             ) -> ScenarioHistory:
         """The scenario's history; `sink` is handed ("startup", records) and then
         ("step", i, records) as each is known, before the next begins."""
+        refuse_threads_for_vllm_execution(scenario.config)
         if scenario.config.dp_size != self.nproc:
             raise ConfigError("dp_size", f"the scenario has {scenario.config.dp_size} ranks "
                               f"but this world has {self.nproc}")
