@@ -75,7 +75,8 @@ test-vllm: $(ENV_STAMP)
 	$(PYTHON) -m pip install --quiet --no-deps -r requirements-vllm.txt \
 		|| echo "vllm could not be installed here: its tests will skip"
 	$(PYTHON) -m pytest -q -n $(PYTEST_WORKERS) tests/test_vllm_sut.py tests/test_vllm_fuzz.py \
-		tests/test_vllm_patch.py tests/test_vllm_patches.py tests/test_vllm_draft_tokens.py
+		tests/test_vllm_patch.py tests/test_vllm_patches.py tests/test_vllm_draft_tokens.py \
+		tests/test_vllm_exec.py tests/test_vllm_exec_checkers.py tests/test_vllm_exec_fuzz.py
 
 # The fuzzer's self-check on an NPROC-rank torchrun world: every planted bug must be found
 # and shrunk from an empty example database within FUZZ_SECONDS, and the reference must stay

@@ -119,10 +119,17 @@ class VllmExecRuntime:
         return runner
 
     def _build_manager(self):
-        mode = VllmMode[self.config.cudagraph_mode.name]
-        return self.code.cudagraph_utils.ModelCudaGraphManager(
+        """vLLM's graph manager, capturing what the deciding system's graph table holds
+        (vLLM's own candidates under sut vllm): its FULL graphs, as the harness's own
+        execution does (PIECEWISE graphs need a compiled model; those steps run eagerly)."""
+        full = [to_vllm(d) for d in self.table.capture_order()
+                if d.cg_mode is CudaGraphMode.FULL]
+        mode = VllmMode.FULL if full else VllmMode.NONE
+        manager = self.code.cudagraph_utils.ModelCudaGraphManager(
             self.vllm_config, torch.device("cpu"), mode, self.config.decode_query_len,
             varlen_decode=self.config.varlen_decode, ubatch_runner=self.runner)
+        manager._capture_descs = {VllmMode.FULL: full} if full else {}
+        return manager
 
     def reset_state(self) -> None:
         self.cache.state.copy_(initial_state(self.config, self.rank))

@@ -1,0 +1,50 @@
+"""The fuzzer against vLLM 0.33.0's own execution code, from an empty database, on torchrun
+rank processes: it finds the sibling-failure hang and the NoneType recv-hook crash, each
+shrunk to one step and named; a fault-free search with the harness deciding holds every
+checker. Slow (minutes): `make test-vllm` runs it. Skipped where vLLM does not import."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.fuzz.engine import FUZZ_TIMEOUTS, Budget, fuzz
+from harness.fuzz.variants import EXEC_VARIANTS
+from harness.vllm_sut.available import unavailable_reason, vllm_version
+from harness.world.pool import WorldPool
+
+if vllm_version() is None:
+    pytest.skip(unavailable_reason(), allow_module_level=True)
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(vllm_version() != "0.33.0",
+                                 reason=f"the findings are vllm 0.33.0's, this is {vllm_version()}")]
+# Generous for a loaded 2-core machine: each hang costs a relaunch (docs/measurements.md).
+BUDGET = Budget(seconds=300.0, shrink_seconds=90.0)
+
+
+def hunt(tmp_path, name: str, budget: Budget = BUDGET):
+    variant = EXEC_VARIANTS[name]
+    with WorldPool("torchrun", "gloo", FUZZ_TIMEOUTS, 2, preload_vllm=True) as pool:
+        return fuzz(variant, pool.run, world="torchrun", dp_sizes=(2,), budget=budget,
+                    database=None, scenario_dir=tmp_path, seed=0, hunt=variant.hunt)
+
+
+def test_the_fuzzer_finds_vllms_sibling_failure_hang_and_names_the_parked_frame(tmp_path):
+    outcome = hunt(tmp_path, "vllm-exec-hang")
+    assert outcome.found and outcome.checker == "liveness", outcome.note
+    assert "vllm/v1/worker/ubatching.py" in outcome.detail
+    assert len(outcome.scenario.steps) == 1 and len(outcome.scenario.faults) == 1
+
+
+def test_the_fuzzer_finds_vllms_recv_hook_crash_with_its_line(tmp_path):
+    outcome = hunt(tmp_path, "vllm-exec-crash")
+    assert outcome.found and outcome.checker == "errors", outcome.note
+    assert "'NoneType' object has no attribute 'recv_hook'" in outcome.detail
+    assert "vllm/v1/worker/ubatching.py:" in outcome.detail
+    assert len(outcome.scenario.steps) == 1
+
+
+def test_a_fault_free_search_of_vllms_execution_holds_every_checker(tmp_path):
+    outcome = hunt(tmp_path, "vllm-exec", Budget(examples=40, seconds=None))
+    assert not outcome.found, outcome.detail
+    assert outcome.examples >= 40
