@@ -17,7 +17,7 @@ if vllm_version() is None:
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(vllm_version() != "0.33.0",
-                                 reason=f"the findings are vllm 0.33.0's, this is {vllm_version()}")]
+                                 reason=f"the findings are vllm 0.33.0's, not {vllm_version()}'s")]
 # Generous for a loaded 2-core machine: each hang costs a relaunch (docs/measurements.md).
 BUDGET = Budget(seconds=300.0, shrink_seconds=90.0)
 

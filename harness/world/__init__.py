@@ -29,7 +29,10 @@ def open_world(kind: str, nproc: int, backend: str = "gloo",
     if kind == "torchrun":
         from harness.world.torchrun import TorchrunWorld
 
-        return TorchrunWorld(nproc, backend, timeouts, device, preload_vllm=preload_vllm)
+        # A hang under vLLM's execution code always costs a relaunch with vLLM's imports:
+        # keep one booting beside the world (docs/measurements.md).
+        return TorchrunWorld(nproc, backend, timeouts, device, preload_vllm=preload_vllm,
+                             spares=1 if preload_vllm else None)
     raise ConfigError("world", f"unknown world {kind!r} (one of {', '.join(WORLDS)})")
 
 
