@@ -37,7 +37,13 @@ from harness.report.matrix_command import add_matrix_command
 from harness.scenario import load_scenario
 from harness.sut.systems import decide as decide_on_rank
 from harness.timeouts import DEFAULT_TIMEOUTS
-from harness.world import WORLDS, add_backend_flags, open_world, world_for
+from harness.world import (
+    WORLDS,
+    add_backend_flags,
+    check_execution_backend,
+    open_world,
+    world_for,
+)
 from harness.world.threads import RankFailure, RankHang, ThreadWorld
 
 EXIT_OK, EXIT_FOUND, EXIT_BAD_INPUT = 0, 1, 2
@@ -147,6 +153,7 @@ def _step_title(step: StepResult) -> str:
 def cmd_run(args: argparse.Namespace) -> int:
     scenario, note = scenario_with_vllm_code(load_scenario(args.scenario), args)
     timeouts = timeouts_from_args(args)
+    check_execution_backend(scenario.config.execution.value, args.backend, args.device)
     world = open_world(world_for(args.world, scenario.config), scenario.config.dp_size,
                        args.backend, timeouts, args.device,
                        preload_vllm=scenario.config.uses_vllm)

@@ -114,3 +114,13 @@ def test_a_step_every_rank_hangs_in_gets_a_row_so_its_hang_is_judged():
     last = [[None, None], [None, None]]
     _open_hung_step(scenario, startup, last, 2)  # no step beyond the scenario's
     assert len(last) == 2
+
+
+def test_vllm_execution_on_a_cuda_backend_is_one_line_and_exit_2(capsys):
+    from harness.cli import main
+
+    assert main(["fuzz", "--exec", "vllm", "--world", "torchrun", "--nproc", "2",
+                 "--backend", "nccl"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: backend: --exec vllm runs on CPU ranks over gloo (vLLM's execution "
+                   "code on CUDA is not built yet)"]

@@ -42,7 +42,7 @@ from harness.fuzz.variants import (
     expects_a_finding,
     variant_named,
 )
-from harness.world import WORLDS, add_backend_flags
+from harness.world import WORLDS, add_backend_flags, check_execution_backend
 from harness.world.pool import WorldPool
 
 DEFAULT_SECONDS = 60.0
@@ -215,6 +215,7 @@ def _world_flags(args: argparse.Namespace) -> str:
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
+    check_execution_backend(args.execution, args.backend, args.device)
     vllm = vllm_fields(args)  # first: a checkout may be what makes vllm import
     variants = chosen_variants(args)
     fixed = {**pinned_fields(args, variants), **vllm}

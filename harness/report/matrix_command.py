@@ -28,7 +28,7 @@ from harness.errors import ConfigError
 from harness.fuzz.engine import FUZZ_TIMEOUTS, Budget
 from harness.fuzz.matrix import MatrixCell, MatrixColumn, cell_fields, rows_for, run_matrix
 from harness.report.matrix import matrix_markdown, matrix_png
-from harness.world import WORLDS, add_backend_flags
+from harness.world import WORLDS, add_backend_flags, check_execution_backend
 from harness.world.pool import WorldPool
 
 DEFAULT_EXAMPLES = 200
@@ -88,6 +88,7 @@ def _budget(args: argparse.Namespace) -> tuple[Budget, str]:
 
 
 def cmd_matrix(args: argparse.Namespace) -> int:
+    check_execution_backend(args.execution, args.backend, args.device)
     ks, dps = _positive_list("ks", args.ks, 2), _positive_list("dps", args.dps, 2)
     vllm = vllm_fields(args, "vllm", each_alone=True)
     patches = vllm.pop("vllm_patches")

@@ -47,6 +47,14 @@ def world_for(kind: str, config) -> str:
     return kind
 
 
+def check_execution_backend(execution: str, backend: str, device: str | None) -> None:
+    """vLLM's execution code runs on CPU ranks over gloo here: its CUDA path is not built."""
+    if execution == "vllm" and (backend != "gloo" or device not in (None, "cpu")):
+        raise ConfigError("backend" if backend != "gloo" else "device",
+                          "--exec vllm runs on CPU ranks over gloo (vLLM's execution code on "
+                          "CUDA is not built yet)")
+
+
 BACKENDS = ("gloo", "nccl")
 DEVICES = ("cpu", "cuda")
 BACKEND_HELP = ("process-group backend of the torchrun world (nccl: real CUDA graphs; ranks "
