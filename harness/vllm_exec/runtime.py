@@ -1,4 +1,4 @@
-"""A DP rank whose step runs on vLLM's own execution code (docs/vllm.md, "exec vllm").
+"""A DP rank whose step runs on vLLM's own execution code (docs/spec.md §10).
 
 The decision is the configured system's (the harness's or vLLM's, `harness.sut.systems`);
 what executes it is vLLM's: `UBatchRunner.prepare` / `begin_capturable_run` / `finish` /
