@@ -35,6 +35,21 @@ from harness.sut.graph_manager import GraphManager
 from harness.sut.microbatch_runner import MicrobatchRunner
 
 
+def decide_under_rank_faults(runtime, batch, faults: Sequence[Fault]):
+    """The rank's DP-sync decision, with the rank faults of the step: slow, skip, abort.
+    `runtime` holds group, config, rank, collective_timeout_s and log (any execution's)."""
+    kinds = {f.kind for f in faults}
+    if FaultKind.SLOW_RANK in kinds:
+        time.sleep(max(f.seconds for f in faults if f.kind is FaultKind.SLOW_RANK))
+    if FaultKind.SKIP_SYNC in kinds:
+        raise InjectedFault(f"rank {runtime.rank} skipped the DP sync")
+    plan = systems.decide(runtime.group, runtime.config, runtime.rank, batch,
+                          runtime.collective_timeout_s, runtime.log)
+    if FaultKind.ABORT_RANK in kinds:
+        os.abort()  # the process ends here; its peers wait in the all-to-all
+    return plan
+
+
 class RankRuntime:
     def __init__(self, config: HarnessConfig, rank: int, group, *, device: str = "cpu",
                  collective_timeout_s: float = 5.0, hang_timeout_s: float = 5.0,
@@ -108,19 +123,11 @@ class RankRuntime:
         ran: tuple = ()  # the split the model actually ran (whose comm buffers hold the routes)
         outputs: torch.Tensor = torch.zeros(0)
         error = None
-        kinds = {f.kind for f in faults}
         self.log.note(f"step {index}")
         try:
             if self.fence is not None:
                 self.fence.check()  # a device held by a stuck collective takes no new work
-            if FaultKind.SLOW_RANK in kinds:
-                time.sleep(max(f.seconds for f in faults if f.kind is FaultKind.SLOW_RANK))
-            if FaultKind.SKIP_SYNC in kinds:
-                raise InjectedFault(f"rank {self.rank} skipped the DP sync")
-            plan = systems.decide(self.group, self.config, self.rank, batch,
-                                  self.collective_timeout_s, self.log)
-            if FaultKind.ABORT_RANK in kinds:
-                os.abort()  # the process ends here; its peers wait in the all-to-all
+            plan = decide_under_rank_faults(self, batch, faults)
             plan_ran = self._dummy_unpadded(plan, batch)
             desc = plan_ran.desc
             captured = (self.manager.lookup(desc) if desc.cg_mode is CudaGraphMode.FULL

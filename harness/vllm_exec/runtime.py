@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -41,6 +40,7 @@ from harness.model.state import RequestSpec, StateCache, initial_state
 from harness.runtime.comm import CollectiveLog, EagerAllToAll, LoggedAllToAll
 from harness.scenario import RankStep
 from harness.sut import systems
+from harness.sut.rank_runtime import decide_under_rank_faults
 from harness.vllm_exec.inputs import (
     ATTN_GROUPS,
     KV_CACHE_CONFIG,
@@ -191,18 +191,10 @@ class VllmExecRuntime:
         mark, events = self.log.mark(), len(self.stand_ins.event_log)
         trace = self.moe.arm(faults)
         self.stand_ins.thread_setup.arm(_setup_fault(faults))
-        kinds = {f.kind for f in faults}
         plan, ran, error = None, None, None
         self.log.note(f"step {index}")
         try:
-            if FaultKind.SLOW_RANK in kinds:
-                time.sleep(max(f.seconds for f in faults if f.kind is FaultKind.SLOW_RANK))
-            if FaultKind.SKIP_SYNC in kinds:
-                raise InjectedFault(f"rank {self.rank} skipped the DP sync")
-            plan = systems.decide(self.group, self.config, self.rank, batch,
-                                  self.collective_timeout_s, self.log)
-            if FaultKind.ABORT_RANK in kinds:
-                os.abort()  # the process ends here; its peers wait in the all-to-all
+            plan = decide_under_rank_faults(self, batch, faults)
             with torch.inference_mode():  # as vLLM's worker runs execute_model
                 ran = self._execute(plan, requests, batch.num_tokens)
         except BaseException as exc:  # noqa: BLE001 - reported in the record
