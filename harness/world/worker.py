@@ -210,7 +210,7 @@ class Worker:
         self.channel.send(("ran", records))
 
 
-def main(argv: list[str] | None = None) -> int:
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="harness.world.worker")
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--control", help="the driver's HOST:PORT")
@@ -223,7 +223,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--collective-timeout", type=float, default=5.0)
     parser.add_argument("--preload-vllm", action="store_true",
                         help="import vLLM's execution code before saying ready")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _arguments(argv)
 
     if args.driver_pid is not None:
         # The agent's death must end this rank even while it spins in a CUDA wait holding
