@@ -116,11 +116,11 @@ def test_a_step_every_rank_hangs_in_gets_a_row_so_its_hang_is_judged():
     assert len(last) == 2
 
 
-def test_vllm_execution_on_a_cuda_backend_is_one_line_and_exit_2(capsys):
+def test_vllm_execution_over_gloo_on_cuda_is_one_line_and_exit_2(capsys):
     from harness.cli import main
 
     assert main(["fuzz", "--exec", "vllm", "--world", "torchrun", "--nproc", "2",
-                 "--backend", "nccl"]) == 2
+                 "--backend", "gloo", "--device", "cuda"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["error: backend: --exec vllm runs on CPU ranks over gloo (vLLM's execution "
-                   "code on CUDA is not built yet)"]
+    assert err == ["error: device: --exec vllm over gloo runs on CPU ranks (gloo's CUDA "
+                   "collectives cannot be captured): use --backend nccl for CUDA"]

@@ -30,9 +30,9 @@ class DummyBlockTables:
 
     cp_size = 1
 
-    def __init__(self, max_num_reqs: int, max_num_tokens: int) -> None:
-        self.tables = (torch.zeros(max_num_reqs, 1, dtype=torch.int32),)
-        self.slots = torch.zeros(1, max_num_tokens, dtype=torch.int64)
+    def __init__(self, max_num_reqs: int, max_num_tokens: int, device: torch.device) -> None:
+        self.tables = (torch.zeros(max_num_reqs, 1, dtype=torch.int32, device=device),)
+        self.slots = torch.zeros(1, max_num_tokens, dtype=torch.int64, device=device)
 
     def get_dummy_block_tables(self, num_reqs: int) -> tuple[torch.Tensor, ...]:
         return tuple(t[:num_reqs] for t in self.tables)
@@ -48,11 +48,13 @@ class MiniModelState:
 
     max_model_len = 1 << 20
 
-    def __init__(self, max_num_reqs: int, num_ubatches: int, scratch_slot: int) -> None:
+    def __init__(self, max_num_reqs: int, num_ubatches: int, scratch_slot: int,
+                 device: torch.device) -> None:
         self.scratch_slot = scratch_slot
-        self._metas = [AttnMeta(torch.zeros(max_num_reqs + 1, dtype=torch.int64),
-                                torch.zeros(max_num_reqs, dtype=torch.int64),
-                                torch.full((max_num_reqs,), scratch_slot, dtype=torch.int64))
+        ints = {"dtype": torch.int64, "device": device}
+        self._metas = [AttnMeta(torch.zeros(max_num_reqs + 1, **ints),
+                                torch.zeros(max_num_reqs, **ints),
+                                torch.full((max_num_reqs,), scratch_slot, **ints))
                        for _ in range(max(num_ubatches, 1) + 1)]
 
     def prepare_dummy_inputs(self, num_reqs: int, num_tokens: int) -> dict:
@@ -86,10 +88,11 @@ def whole_step_attn(state: MiniModelState, input_batch: InputBatch, for_capture:
 
 
 def step_input_batch(buffers: InputBuffers, requests: Sequence[RequestSpec], num_tokens: int,
-                     num_reqs: int, scratch_slot: int) -> InputBatch:
-    """The InputBatch of a step padded to `num_tokens` / `num_reqs`, written into `buffers`.
-    A rank with no request runs a dummy batch of scratch requests, every token padding, as
-    vLLM's dummy run does."""
+                     num_reqs: int, scratch_slot: int, device: torch.device) -> InputBatch:
+    """The InputBatch of a step padded to `num_tokens` / `num_reqs`, written into `buffers`
+    (on `device`; the `_np` and `_cpu` fields stay on the host, as vLLM keeps them). A rank
+    with no request runs a dummy batch of scratch requests, every token padding, as vLLM's
+    dummy run does."""
     dummy = not requests
     if dummy:
         requests = [RequestSpec(scratch_slot, 0, (0,) * q)
@@ -113,9 +116,9 @@ def step_input_batch(buffers: InputBuffers, requests: Sequence[RequestSpec], num
     qsl = buffers.query_start_loc[:num_reqs + 1]
     return InputBatch(
         req_ids=[f"req-{i}" for i in range(m)], num_reqs=m, num_reqs_after_padding=num_reqs,
-        idx_mapping=torch.from_numpy(slots).to(torch.int64), idx_mapping_np=slots,
-        expanded_idx_mapping=torch.from_numpy(slots[:m]).to(torch.int64),
-        expanded_local_pos=torch.zeros(m, dtype=torch.int32),
+        idx_mapping=torch.from_numpy(slots).to(device, torch.int64), idx_mapping_np=slots,
+        expanded_idx_mapping=torch.from_numpy(slots[:m]).to(device, torch.int64),
+        expanded_local_pos=torch.zeros(m, dtype=torch.int32, device=device),
         num_scheduled_tokens=query_lens, num_tokens=n, num_tokens_after_padding=num_tokens,
         num_draft_tokens=0, num_draft_tokens_per_req=None,
         query_start_loc=qsl, query_start_loc_np=starts,
@@ -128,6 +131,7 @@ def step_input_batch(buffers: InputBuffers, requests: Sequence[RequestSpec], num
         decode_graph_eligible=not bool((query_lens > 1).any()),
         input_ids=buffers.input_ids[:num_tokens], positions=buffers.positions[:num_tokens],
         is_padding=buffers.is_padding[:num_tokens],
-        logits_indices=qsl[1:m + 1] - 1, cu_num_logits=torch.arange(m + 1, dtype=torch.int32),
+        logits_indices=qsl[1:m + 1] - 1,
+        cu_num_logits=torch.arange(m + 1, dtype=torch.int32, device=device),
         cu_num_logits_np=np.arange(m + 1, dtype=np.int32), has_structured_output_reqs=False,
         prompt_lens=None)

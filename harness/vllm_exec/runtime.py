@@ -50,7 +50,7 @@ from harness.vllm_exec.inputs import (
     whole_step_attn,
 )
 from harness.vllm_exec.model import MiniModel, VllmStyleMoE
-from harness.vllm_exec.stand_ins import cpu_stand_ins
+from harness.vllm_exec.stand_ins import stand_ins_for
 from harness.vllm_sut.candidates import to_harness
 from harness.vllm_sut.code import vllm_code
 from harness.vllm_sut.configs import vllm_configs
@@ -69,7 +69,8 @@ def to_vllm(desc: GraphDescriptor) -> BatchExecutionDescriptor:
 
 
 class VllmExecRuntime:
-    """One rank: vLLM's runner and graph manager over the miniature, on CPU stand-ins."""
+    """One rank: vLLM's runner and graph manager over the miniature, on a CPU rank's
+    stand-ins or on a CUDA rank's own streams and graphs (harness/vllm_exec/stand_ins.py)."""
 
     def __init__(self, config: HarnessConfig, rank: int, group, *, device: str = "cpu",
                  collective_timeout_s: float = 5.0, hang_timeout_s: float = 5.0,
@@ -79,22 +80,25 @@ class VllmExecRuntime:
         self.group = group
         self.collective_timeout_s = collective_timeout_s
         self.code = vllm_code(config)
-        self.stand_ins = cpu_stand_ins(collective_timeout_s)
+        self.device = _resolved(device)
+        self.stand_ins = stand_ins_for(self.device, collective_timeout_s)
         self.stand_ins.install(self.code.ubatching, self.code.runner_module,
                                self.code.cudagraph_utils)
         self.log = CollectiveLog(trace_path)
         self.moe = VllmStyleMoE(config, rank, LoggedAllToAll(
-            EagerAllToAll(group, collective_timeout_s), self.log), self.code.ubatching)
-        self.cache = StateCache(config.max_num_reqs, config.hidden_size)
+            EagerAllToAll(group, collective_timeout_s), self.log), self.code.ubatching,
+            device=self.device)
+        self.cache = StateCache(config.max_num_reqs, config.hidden_size, self.device)
         self.cache.state.copy_(initial_state(config, rank))
         self.model = MiniModel(self.moe, self.cache, forward_context)
         self.table = systems.graph_table(config, rank)
         self.vllm_config = _for_rank(vllm_configs(config), rank)
         self.model_state = MiniModelState(config.max_num_reqs, config.num_ubatches,
-                                          self.cache.scratch_slot)
+                                          self.cache.scratch_slot, self.device)
         self.buffers = InputBuffers(config.max_num_reqs, config.max_num_batched_tokens,
-                                    torch.device("cpu"))
-        self.block_tables = DummyBlockTables(config.max_num_reqs, config.max_num_batched_tokens)
+                                    self.device)
+        self.block_tables = DummyBlockTables(config.max_num_reqs, config.max_num_batched_tokens,
+                                             self.device)
         self.runner = self._build_runner()
         self.manager = self._build_manager()
         self._last_split: tuple[Span, ...] = ()
@@ -106,7 +110,7 @@ class VllmExecRuntime:
         if not (parallel.use_ubatching and parallel.data_parallel_size > 1):
             return None  # as vLLM's maybe_build_ubatch_runner decides
         runner = self.code.runner_module.UBatchRunner(
-            self.vllm_config, torch.device("cpu"), self.model_state, ATTN_GROUPS,
+            self.vllm_config, self.device, self.model_state, ATTN_GROUPS,
             KV_CACHE_CONFIG, self.config.max_num_reqs)
         prepare = runner.prepare
 
@@ -126,7 +130,7 @@ class VllmExecRuntime:
                 if d.cg_mode is CudaGraphMode.FULL]
         mode = VllmMode.FULL if full else VllmMode.NONE
         manager = self.code.cudagraph_utils.ModelCudaGraphManager(
-            self.vllm_config, torch.device("cpu"), mode, self.config.decode_query_len,
+            self.vllm_config, self.device, mode, self.config.decode_query_len,
             varlen_decode=self.config.varlen_decode, ubatch_runner=self.runner)
         manager._capture_descs = {VllmMode.FULL: full} if full else {}
         return manager
@@ -168,7 +172,8 @@ class VllmExecRuntime:
             desc = to_harness(vdesc)
             reached = (self.table.reaching_batch_size(desc) if desc.microbatched
                        else desc.num_tokens)
-            records.append(GraphRecord(desc.label(), desc.num_ubatches, graph.is_empty,
+            records.append(GraphRecord(desc.label(), desc.num_ubatches,
+                                       self.stand_ins.is_empty(graph),
                                        self.graph_fingerprints.get(id(graph), ()), 0, reached))
         return tuple(records)
 
@@ -227,7 +232,7 @@ class VllmExecRuntime:
         if graph is not None:
             num_tokens, num_reqs = vdesc.num_tokens, vdesc.num_reqs or num_reqs
         batch = step_input_batch(self.buffers, requests, num_tokens, num_reqs,
-                                 self.cache.scratch_slot)
+                                 self.cache.scratch_slot, self.device)
         whole = ((0, num_reqs, 0, num_tokens),)
         if graph is not None:
             return self._replay(vdesc, graph, batch, real_tokens, whole)
@@ -297,6 +302,14 @@ class _Ran:
     replayed: str | None
     outputs: torch.Tensor
     graph_fingerprint: tuple
+
+
+def _resolved(device: str) -> torch.device:
+    """The rank's device, with its index (vLLM's threads select it by index)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def _for_rank(configs, rank: int):

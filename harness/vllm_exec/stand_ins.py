@@ -1,29 +1,42 @@
-"""Everything vLLM's execution code needs that a CPU machine lacks, in one place.
+"""Everything vLLM's execution code needs that the machine lacks, in one place.
 
 vLLM's runner, its ubatching contexts and its graph manager call `torch.cuda` streams,
-events and graphs, pick a device per thread, reserve SMs, and ask vLLM's distributed state
-for the pipeline group and the capture context. On a CPU rank each of these is replaced,
-on the vLLM module objects under test only (never on torch itself), by:
+events and graphs, pick a device per thread, reserve SMs, and ask vLLM's platform and
+distributed state for the current stream, the graph pool, the pipeline group and the
+capture context. The harness runs vLLM with its CPU platform (its CUDA platform needs the
+compiled extensions), so on both kinds of rank these are replaced, on the vLLM module
+objects under test only (never on torch itself):
+
+- `create_sm_control_context`: a null context (vLLM's asserts a CUDA platform);
+- `get_pp_group`: one pipeline stage; `graph_capture`: a fresh current stream for the
+  capture, as vLLM's makes one, without its distributed groups; `capture_pool`: the pool as
+  given (no cuMem pool, no NCCL allocator); `is_global_first_rank`: False (no progress bar);
+- the platform's graph pool and vLLM's `current_stream` (the CPU platform has neither).
+
+On a CPU rank (`CpuStandIns`) the machine lacks the rest too:
 
 - streams and events: the harness's logical CPU streams (harness/runtime/streams.py), so
   every event record and wait is seen (and a stream being captured records its thread's ops);
 - `torch.cuda.CUDAGraph` / `torch.cuda.graph`: the emulated graph (harness/runtime/
   emulated_graph.py), which records what is issued on the capture stream and replays it;
-- `torch.accelerator.set_device_index` and `current_blas_handle`: nothing to select or warm on
-  a CPU (the first is also where a scenario's set-up fault fires, before the thread's context);
-- `create_sm_control_context`: a null context (there are no SMs to reserve);
-- `get_pp_group`: one pipeline stage; `graph_capture`: a fresh current stream for the capture,
-  as vLLM's makes one, without its distributed groups; `capture_pool`: the pool as given (no
-  cuMem pool, no NCCL allocator); `is_global_first_rank`: False (no progress bar).
+- `torch.accelerator.set_device_index`, `synchronize` and `current_blas_handle`: nothing
+  to select, wait for or warm.
+
+On a CUDA rank (`CudaStandIns`) streams, events, graphs and device calls are torch's own;
+events are a subclass of `torch.Event` that logs each record and wait, and each capture is
+observed (which collectives a graph holds, whether torch found it empty). On both, the
+thread's device selection is where a scenario's set-up fault fires, before its context.
 
 A rank is one process (vLLM's ubatching state is module-global), so one set per process.
 """
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import itertools
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from types import ModuleType, SimpleNamespace
 from typing import Any
@@ -31,6 +44,7 @@ from typing import Any
 import torch
 
 from harness.runtime.emulated_graph import EmulatedGraph, EmulatedGraphs, EmulatedPool
+from harness.runtime.graphs import CUDA_EMPTY_GRAPH_WARNING
 from harness.runtime.streams import CpuStreams, LogicalEvent, LogicalStream
 
 
@@ -54,6 +68,115 @@ class _ThreadSetupHook:
             hook(order)  # the order in which this run's threads reached their set-up
 
 
+class _AcceleratorNamespace:
+    """`torch.accelerator` with the set-up hook in front of the device selection; `real`:
+    whether there is a device to select and wait for."""
+
+    def __init__(self, stand_ins: _StandIns, real: bool) -> None:
+        self._s = stand_ins
+        self._real = real
+
+    def set_device_index(self, index: Any) -> None:
+        self._s.thread_setup()
+        if self._real:
+            torch.accelerator.set_device_index(index)
+
+    def synchronize(self, *args: Any) -> None:
+        if self._real:
+            torch.accelerator.synchronize(*args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch.accelerator, name)
+
+
+class _TorchProxy:
+    """torch for a vLLM module: its own `cuda`, `accelerator` and `Event`, the rest torch's."""
+
+    def __init__(self, cuda: Any, accelerator: _AcceleratorNamespace) -> None:
+        self.cuda = cuda
+        self.accelerator = accelerator
+        self.Event = cuda.Event
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch, name)
+
+
+@contextlib.contextmanager
+def _no_pool(pool: Any, vllm_config: Any) -> Iterator[Any]:
+    yield pool
+
+
+class _PlatformWithPool:
+    """vLLM's (CPU) platform object, asked for the graph pool the rank's device has."""
+
+    def __init__(self, platform: Any, pool: Any) -> None:
+        self._platform = platform
+        self._pool = pool
+
+    def get_global_graph_pool(self) -> Any:
+        return self._pool
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._platform, name)
+
+
+class _StandIns(abc.ABC):
+    """What both kinds of rank stand in; the device's own parts come from the subclass."""
+
+    def __init__(self) -> None:
+        self.thread_setup = _ThreadSetupHook()
+        self.event_ids = itertools.count()
+        self.event_log: list[str] = []  # list.append is atomic: threads share it
+        # Entered around every capture (the runtime notes which collectives each graph holds).
+        self.capture_observer: Callable[[Any], Any] = contextlib.nullcontext
+        self._streams_made = itertools.count()
+        self.installed: list[ModuleType] = []
+
+    def next_stream_name(self) -> str:
+        # Each UBatchRunner builds its comm stream, then its capture stream (ubatch_utils.py).
+        n = next(self._streams_made)
+        return f"vllm-{('comm', 'capture')[n % 2]}-{n // 2}"
+
+    def install(self, ubatching: ModuleType, ubatch_utils: ModuleType,
+                cudagraph_utils: ModuleType) -> None:
+        """Point the three modules' names at the stand-ins (idempotent per module)."""
+        for module in (ubatching, ubatch_utils, cudagraph_utils):
+            if module in self.installed:
+                continue
+            module.torch = self.proxy
+            module.current_stream = self.current_stream
+            self.installed.append(module)
+        # vLLM's SM control object is entered once per run: a reusable null context.
+        ubatch_utils.create_sm_control_context = lambda parallel_config: contextlib.nullcontext()
+        cudagraph_utils.get_pp_group = lambda: SimpleNamespace(is_first_rank=True,
+                                                               is_last_rank=True)
+        cudagraph_utils.graph_capture = self.graph_capture
+        cudagraph_utils.capture_pool = _no_pool
+        cudagraph_utils.is_global_first_rank = lambda: False
+        if not isinstance(cudagraph_utils.current_platform, _PlatformWithPool):
+            cudagraph_utils.current_platform = _PlatformWithPool(
+                cudagraph_utils.current_platform, self.pool)
+
+    # Supplied by each kind of rank.
+    proxy: _TorchProxy
+    pool: Any
+
+    @abc.abstractmethod
+    def current_stream(self) -> Any:
+        """vLLM's `current_stream()`: the calling thread's current stream."""
+
+    @abc.abstractmethod
+    def graph_capture(self, device: Any = None) -> contextlib.AbstractContextManager:
+        """vLLM's `graph_capture` context, without its distributed groups."""
+
+    @abc.abstractmethod
+    def is_empty(self, graph: Any) -> bool | None:
+        """Whether a captured graph holds no work (None when unknown)."""
+
+
+# -- a CPU rank --------------------------------------------------------------------------
+
+
 class _TracedEvent(LogicalEvent):
     """A logical event whose every record and wait lands in the process's event log."""
 
@@ -72,7 +195,7 @@ class _TracedEvent(LogicalEvent):
                                                           " (never recorded)"))
 
 
-class _CudaNamespace:
+class _CpuCuda:
     """`torch.cuda` as vLLM's execution code calls it, over logical streams and emulated
     graphs; any other attribute is torch's own."""
 
@@ -80,7 +203,7 @@ class _CudaNamespace:
         self._s = stand_ins
 
     def Stream(self, device: Any = None, priority: int = 0) -> LogicalStream:  # noqa: N802
-        return self._s.new_stream()
+        return self._s.streams.new_stream(self._s.next_stream_name())
 
     def Event(self, *args: Any, **kwargs: Any) -> LogicalEvent:  # noqa: N802
         return _TracedEvent(self._s, f"event-{next(self._s.event_ids)}")
@@ -107,113 +230,127 @@ class _CudaNamespace:
         return getattr(torch.cuda, name)
 
 
-class _AcceleratorNamespace:
-    def __init__(self, stand_ins: CpuStandIns) -> None:
-        self._s = stand_ins
-
-    def set_device_index(self, index: Any) -> None:
-        self._s.thread_setup()
-
-    def synchronize(self, *args: Any) -> None:
-        return None
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(torch.accelerator, name)
-
-
-class _TorchProxy:
-    """torch for a vLLM module: its own `cuda`, `accelerator` and `Event`, the rest torch's."""
-
-    def __init__(self, stand_ins: CpuStandIns) -> None:
-        self.cuda = _CudaNamespace(stand_ins)
-        self.accelerator = _AcceleratorNamespace(stand_ins)
-        self.Event = self.cuda.Event
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(torch, name)
-
-
-@contextlib.contextmanager
-def _null_context(*args: Any, **kwargs: Any) -> Iterator[None]:
-    yield None
-
-
-@contextlib.contextmanager
-def _no_pool(pool: Any, vllm_config: Any) -> Iterator[Any]:
-    yield pool
-
-
-class CpuStandIns:
-    """The CPU stand-ins of one rank process, installed into vLLM's execution modules."""
+class CpuStandIns(_StandIns):
+    """The stand-ins of one CPU rank process."""
 
     def __init__(self, collective_timeout_s: float) -> None:
+        super().__init__()
         self.streams = CpuStreams("cpu")
         self.graphs = EmulatedGraphs(self.streams, collective_timeout_s)
         self.pool = EmulatedPool()
-        self.thread_setup = _ThreadSetupHook()
-        self._streams_made = itertools.count()
-        self.event_ids = itertools.count()
-        self.event_log: list[str] = []  # list.append is atomic: threads share it
-        # Entered around every capture (the runtime notes which collectives each graph holds).
-        self.capture_observer: Callable[[EmulatedGraph], Any] = _null_context
-        self._proxy = _TorchProxy(self)
-        self.installed: list[ModuleType] = []
+        self.proxy = _TorchProxy(_CpuCuda(self), _AcceleratorNamespace(self, real=False))
 
-    def new_stream(self) -> LogicalStream:
-        # Each UBatchRunner builds its comm stream, then its capture stream (ubatch_utils.py).
-        n = next(self._streams_made)
-        return self.streams.new_stream(f"vllm-{('comm', 'capture')[n % 2]}-{n // 2}")
+    def current_stream(self) -> LogicalStream:
+        return self.streams.current_stream()
 
     @contextlib.contextmanager
-    def _graph_capture(self, device: Any = None) -> Iterator[SimpleNamespace]:
-        """vLLM's graph_capture without its distributed groups: a fresh non-default stream
-        is current for the capture (graphs that are not split are captured on it)."""
+    def graph_capture(self, device: Any = None) -> Iterator[SimpleNamespace]:
+        """A fresh non-default stream is current for the capture (graphs that are not split
+        are captured on it)."""
         stream = self.streams.new_stream("vllm-graph-capture")
         with self.streams.use(stream):
             yield SimpleNamespace(stream=stream)
 
-    def install(self, ubatching: ModuleType, ubatch_utils: ModuleType,
-                cudagraph_utils: ModuleType) -> None:
-        """Point the three modules' names at the stand-ins (idempotent per module)."""
-        for module in (ubatching, ubatch_utils, cudagraph_utils):
-            if module in self.installed:
-                continue
-            module.torch = self._proxy
-            module.current_stream = self.streams.current_stream
-            self.installed.append(module)
-        # vLLM's SM control object is entered once per run: a reusable null context.
-        ubatch_utils.create_sm_control_context = lambda parallel_config: contextlib.nullcontext()
-        cudagraph_utils.get_pp_group = lambda: SimpleNamespace(is_first_rank=True,
-                                                               is_last_rank=True)
-        cudagraph_utils.graph_capture = self._graph_capture
-        cudagraph_utils.capture_pool = _no_pool
-        cudagraph_utils.is_global_first_rank = lambda: False
-        cudagraph_utils.current_platform = _PlatformWithPool(cudagraph_utils.current_platform,
-                                                             self.pool)
+    def is_empty(self, graph: EmulatedGraph) -> bool:
+        return graph.is_empty
 
 
-class _PlatformWithPool:
-    """vLLM's platform object, asked for a graph pool a CPU does not have."""
+# -- a CUDA rank -------------------------------------------------------------------------
 
-    def __init__(self, platform: Any, pool: EmulatedPool) -> None:
-        self._platform = platform
-        self._pool = pool
 
-    def get_global_graph_pool(self) -> EmulatedPool:
-        return self._pool
+class _LoggedCudaEvent(torch.Event):
+    """A CUDA event whose every record and wait lands in the process's event log (streams
+    call `event.wait(stream)` from `wait_event`, so both directions are seen)."""
+
+    def __init__(self, stand_ins: CudaStandIns, name: str) -> None:
+        super().__init__(stand_ins.device)
+        self.name = name
+        self._s = stand_ins
+        self.num_records = 0
+
+    def record(self, stream: Any = None) -> None:
+        stream = stream if stream is not None else torch.cuda.current_stream()
+        super().record(stream)
+        self.num_records += 1
+        self._s.event_log.append(f"record {self.name} on {self._s.stream_name(stream)}")
+
+    def wait(self, stream: Any = None) -> None:
+        stream = stream if stream is not None else torch.cuda.current_stream()
+        super().wait(stream)
+        self._s.event_log.append(f"wait {self.name} on {self._s.stream_name(stream)}"
+                                 + ("" if self.num_records else " (never recorded)"))
+
+
+class _ObservedCuda:
+    """torch.cuda with logged events, named streams and observed captures."""
+
+    def __init__(self, stand_ins: CudaStandIns) -> None:
+        self._s = stand_ins
+
+    def Stream(self, device: Any = None, priority: int = 0) -> torch.cuda.Stream:  # noqa: N802
+        stream = torch.cuda.Stream(device=device, priority=priority)
+        self._s.stream_names[stream.stream_id] = self._s.next_stream_name()
+        return stream
+
+    def Event(self, *args: Any, **kwargs: Any) -> _LoggedCudaEvent:  # noqa: N802
+        return _LoggedCudaEvent(self._s, f"event-{next(self._s.event_ids)}")
+
+    @contextlib.contextmanager
+    def graph(self, graph: torch.cuda.CUDAGraph, pool: Any = None, stream: Any = None,
+              **kwargs: Any) -> Iterator[torch.cuda.CUDAGraph]:
+        # torch reports an empty capture only as a warning, at the capture's end.
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with self._s.capture_observer(graph), torch.cuda.graph(graph, pool, stream,
+                                                                   **kwargs):
+                yield graph
+        self._s.empty[id(graph)] = any(CUDA_EMPTY_GRAPH_WARNING in str(w.message)
+                                       for w in caught)
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._platform, name)
+        return getattr(torch.cuda, name)
 
 
-_INSTANCE: CpuStandIns | None = None
+class CudaStandIns(_StandIns):
+    """The stand-ins of one CUDA rank process: only vLLM's platform and distributed state."""
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__()
+        self.device = device
+        self.pool = torch.cuda.graph_pool_handle()
+        self.stream_names: dict[int, str] = {}
+        self.empty: dict[int, bool] = {}
+        self.proxy = _TorchProxy(_ObservedCuda(self), _AcceleratorNamespace(self, real=True))
+
+    def stream_name(self, stream: torch.cuda.Stream) -> str:
+        return self.stream_names.get(stream.stream_id, f"cuda-stream-{stream.stream_id}")
+
+    def current_stream(self) -> torch.cuda.Stream:
+        return torch.cuda.current_stream()
+
+    @contextlib.contextmanager
+    def graph_capture(self, device: Any = None) -> Iterator[SimpleNamespace]:
+        """A fresh stream, ordered after the current one's work, is current for the capture
+        (the default stream cannot be captured on)."""
+        stream = torch.cuda.Stream(device=self.device)
+        self.stream_names[stream.stream_id] = "vllm-graph-capture"
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            yield SimpleNamespace(stream=stream)
+
+    def is_empty(self, graph: torch.cuda.CUDAGraph) -> bool | None:
+        return self.empty.get(id(graph))
+
+
+_INSTANCE: _StandIns | None = None
 _LOCK = threading.Lock()
 
 
-def cpu_stand_ins(collective_timeout_s: float) -> CpuStandIns:
-    """This process's stand-ins (one rank per process; the first timeout given stays)."""
+def stand_ins_for(device: torch.device, collective_timeout_s: float) -> _StandIns:
+    """This process's stand-ins (one rank per process; the first device and timeout stay)."""
     global _INSTANCE
     with _LOCK:
         if _INSTANCE is None:
-            _INSTANCE = CpuStandIns(collective_timeout_s)
+            _INSTANCE = (CpuStandIns(collective_timeout_s) if device.type == "cpu"
+                         else CudaStandIns(device))
         return _INSTANCE

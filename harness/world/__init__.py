@@ -48,11 +48,14 @@ def world_for(kind: str, config) -> str:
 
 
 def check_execution_backend(execution: str, backend: str, device: str | None) -> None:
-    """vLLM's execution code runs on CPU ranks over gloo here: its CUDA path is not built."""
-    if execution == "vllm" and (backend != "gloo" or device not in (None, "cpu")):
-        raise ConfigError("backend" if backend != "gloo" else "device",
-                          "--exec vllm runs on CPU ranks over gloo (vLLM's execution code on "
-                          "CUDA is not built yet)")
+    """vLLM's execution code runs on CPU ranks over gloo (stand-in streams and graphs) or on
+    CUDA ranks over NCCL (real ones); gloo's CUDA collectives cannot be captured into a real
+    graph, and the emulated graphs are the CPU stand-ins'."""
+    if execution == "vllm" and backend == "gloo" and device not in (None, "cpu"):
+        raise ConfigError("device", "--exec vllm over gloo runs on CPU ranks (gloo's CUDA "
+                          "collectives cannot be captured): use --backend nccl for CUDA")
+    if execution == "vllm" and backend == "nccl" and device == "cpu":
+        raise ConfigError("device", "--exec vllm over nccl runs on CUDA ranks")
 
 
 BACKENDS = ("gloo", "nccl")
