@@ -19,7 +19,7 @@ endif
 FUZZ_SECONDS ?= 60
 FUZZ_LOG ?= .harness/fuzz-log.jsonl
 
-.PHONY: env redis test test-dp test-vllm test-gpu fuzz fuzz-campaign report bench bench-gpu lint clean
+.PHONY: env redis test test-dp test-vllm test-gpu vllm-gpu-bundle test-vllm-gpu fuzz fuzz-campaign report bench bench-gpu lint clean
 
 env: $(ENV_STAMP)
 
@@ -64,9 +64,11 @@ test-gpu: $(ENV_STAMP)
 	$(PYTHON) -m pytest -q -m gpu tests
 
 # Eager, eager microbatched, FULL and microbatched FULL steps of the miniature MoE at decode
-# sizes on the GPU (CUDA-event medians), graph pool memory, memory of unreachable twins.
+# sizes on the GPU (CUDA-event medians), graph pool memory, memory of unreachable twins;
+# the DP table under the harness's execution and, where the bundle is carried, vLLM's.
 bench-gpu: $(ENV_STAMP)
-	$(PYTHON) -m harness.bench.gpu
+	site=$$($(PYTHON) tools/vllm_gpu_bundle.py install 2>/dev/null); \
+	PYTHONPATH=$$site:. $(PYTHON) -m harness.bench.gpu
 
 # vLLM 0.33.0's own decision functions as the system under test. vllm pins a CUDA torch, so
 # it goes in with --no-deps on top of the torch here, with its pure-Python requirements pinned
@@ -77,6 +79,19 @@ test-vllm: $(ENV_STAMP)
 	$(PYTHON) -m pytest -q -n $(PYTEST_WORKERS) tests/test_vllm_sut.py tests/test_vllm_fuzz.py \
 		tests/test_vllm_patch.py tests/test_vllm_patches.py tests/test_vllm_draft_tokens.py \
 		tests/test_vllm_exec.py tests/test_vllm_exec_checkers.py tests/test_vllm_exec_fuzz.py
+
+# vLLM's execution code on CUDA ranks over NCCL, for the GPU machine, which has no package
+# registry. Here: `make vllm-gpu-bundle` packs vLLM's Python files and the Python 3.12 wheels
+# it needs into build/vllm-gpu (about 27 MiB). There, with build/vllm-gpu carried:
+# `make test-vllm-gpu` installs the bundle into build/vllm-gpu/site and runs the vLLM
+# execution tests on real streams, events and CUDA graphs.
+vllm-gpu-bundle: $(ENV_STAMP)
+	$(PYTHON) -m pip install --quiet --no-deps -r requirements-vllm.txt
+	$(PYTHON) tools/vllm_gpu_bundle.py pack
+
+test-vllm-gpu: $(ENV_STAMP)
+	site=$$($(PYTHON) tools/vllm_gpu_bundle.py install) || exit 1; \
+	PYTHONPATH=$$site:. $(PYTHON) -m pytest -q -rs -m gpu tests/test_vllm_exec.py
 
 # The fuzzer's self-check on an NPROC-rank torchrun world: every planted bug must be found
 # and shrunk from an empty example database within FUZZ_SECONDS, and the reference must stay

@@ -292,8 +292,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.dp_nproc and args.device == "cuda":
         print()
         sys.stdout.flush()
-        return gpu_dp.main(["--nproc", str(args.dp_nproc), "--sizes", args.dp_sizes,
-                                  "--warmup", str(args.warmup), "--iters", str(args.iters)])
+        dp_args = ["--nproc", str(args.dp_nproc), "--sizes", args.dp_sizes,
+                   "--warmup", str(args.warmup), "--iters", str(args.iters)]
+        status = gpu_dp.main(dp_args)
+        print()
+        sys.stdout.flush()
+        # The same table under vLLM's own execution code (skipped, with why, without vLLM).
+        return status or gpu_dp.main([*dp_args, "--exec", "vllm"])
     return 0
 
 

@@ -42,32 +42,62 @@ def _rank_main(args: argparse.Namespace) -> int:
 
     from harness.bench.gpu import timed
     from harness.config import HarnessConfig
-    from harness.scenario import RankStep, Scenario
+    from harness.scenario import RankStep
     from harness.sut import systems
-    from harness.sut.rank_runtime import RankRuntime
     from harness.world.worker import join_group, wait_for_every_rank
 
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     wait_for_every_rank(world_size)
-    device = join_group("nccl", "cuda", 120.0)
+    device = join_group(args.backend, "cuda" if args.backend == "nccl" else "cpu", 120.0)
     group = dist.group.WORLD
     ready = time.time()
     sizes = tuple(int(s) for s in args.sizes.split(","))
     config = HarnessConfig(dp_size=world_size, capture_sizes=sizes, max_num_reqs=max(sizes),
                            max_num_batched_tokens=max(sizes), decode_threshold=min(sizes),
-                           prefill_threshold=max(sizes))
-    runtime = RankRuntime(config, rank, group, device=device, collective_timeout_s=60.0,
-                          hang_timeout_s=90.0)
+                           prefill_threshold=max(sizes), execution=args.execution)
+    runtime = _runtime(config, rank, group, device)
     startup = runtime.startup()
     if startup.error is not None:
         raise RuntimeError(f"rank {rank} capture failed: {startup.error.describe()}")
     captured = time.time()
+    rows = (_vllm_rows if args.execution == "vllm" else _harness_rows)(
+        runtime, config, sizes, rank, args)
+    batch = RankStep((1,) * sizes[-1]).batch()
+    sync = timed(lambda: systems.decide(group, config, rank, batch, 60.0),
+                 runtime.device, args.warmup, args.iters)
+    times = RankTimes(rank, str(device), ready - args.launched, captured - ready,
+                      len(startup.graphs), sync, tuple(rows))
+    Path(args.out, f"rank-{rank}.json").write_text(json.dumps(asdict(times)))
+    os._exit(0)  # no destroy_process_group: it hangs with ranks sharing a GPU
+
+
+def _runtime(config, rank: int, group, device: str):
+    if config.uses_vllm:
+        from harness.vllm_exec import runtime_class
+
+        return runtime_class()(config, rank, group, device=device, collective_timeout_s=60.0,
+                               hang_timeout_s=90.0)
+    from harness.sut.rank_runtime import RankRuntime
+
+    return RankRuntime(config, rank, group, device=device, collective_timeout_s=60.0,
+                       hang_timeout_s=90.0)
+
+
+def _requests(config, n: int, rank: int):
+    from harness.scenario import RankStep, Scenario
+
+    lens = (1,) * n
+    return lens, Scenario(config, ((RankStep(lens),) * config.dp_size,)).requests()[0][rank]
+
+
+def _harness_rows(runtime, config, sizes, rank: int, args) -> list[tuple[int, float, float]]:
+    """The harness's own execution: its microbatch ring eager, and its twin's replay."""
+    from harness.bench.gpu import timed
+
     manager, runner = runtime.manager, runtime.runner
     rows = []
     for n in sizes:
-        lens = (1,) * n
-        batch = RankStep(lens).batch()
-        requests = Scenario(config, ((RankStep(lens),) * world_size,)).requests()[0][rank]
+        lens, requests = _requests(config, n, rank)
         twin = next(d for d in manager.captured if d.num_tokens == n and d.microbatched)
         graph = manager.captured[twin]
         graph.buffers.fill(requests)
@@ -81,22 +111,40 @@ def _rank_main(args: argparse.Namespace) -> int:
             twin, b, lens), runtime.device, args.warmup, args.iters)
         full = timed(replay, runtime.device, args.warmup, args.iters)
         rows.append((n, eager, full))
-    sync = timed(lambda: systems.decide(group, config, rank, batch, 60.0),
-                 runtime.device, args.warmup, args.iters)
-    times = RankTimes(rank, device, ready - args.launched, captured - ready,
-                      len(manager.captured), sync, tuple(rows))
-    Path(args.out, f"rank-{rank}.json").write_text(json.dumps(asdict(times)))
-    os._exit(0)  # no destroy_process_group: it hangs with ranks sharing a GPU
+    return rows
 
 
-def run_dp_bench(nproc: int, sizes: str, warmup: int, iters: int) -> list[RankTimes]:
+def _vllm_rows(runtime, config, sizes, rank: int, args) -> list[tuple[int, float, float]]:
+    """vLLM's execution: its UBatchRunner's threads eager (prepare + run), and its graph
+    manager's replay of the microbatched twin (prepare + run_fullgraph)."""
+    from harness.bench.gpu import timed
+    from harness.config import CudaGraphMode
+    from harness.history.decision import GraphDescriptor
+
+    rows = []
+    for n in sizes:
+        _, requests = _requests(config, n, rank)
+        twin = next(d for d in runtime.table.capture_order()
+                    if d.cg_mode is CudaGraphMode.FULL and d.num_tokens == n and d.microbatched)
+        eager_ub = GraphDescriptor(CudaGraphMode.NONE, n, n, num_ubatches=twin.num_ubatches)
+        eager = timed(lambda d=eager_ub, r=requests: runtime.execute(d, r), runtime.device,
+                      args.warmup, args.iters)
+        full = timed(lambda d=twin, r=requests: runtime.execute(d, r), runtime.device,
+                     args.warmup, args.iters)
+        rows.append((n, eager, full))
+    return rows
+
+
+def run_dp_bench(nproc: int, sizes: str, warmup: int, iters: int, execution: str = "harness",
+                 backend: str = "nccl") -> list[RankTimes]:
     """Launch the ranks, wait for them (bounded), and read back every rank's times."""
     root = str(Path(__file__).resolve().parents[1])
     with tempfile.TemporaryDirectory(prefix="dbo-bench-dp-") as out:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={nproc}", "--max-restarts=0", "-m", "harness.bench.gpu_dp",
                "--rank", "--out", out, "--sizes", sizes, "--warmup", str(warmup),
-               "--iters", str(iters), "--launched", repr(time.time())]
+               "--iters", str(iters), "--launched", repr(time.time()), "--exec", execution,
+               "--backend", backend]
         env = dict(os.environ, OMP_NUM_THREADS="1",
                    PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
         done = subprocess.run(cmd, env=env, capture_output=True, text=True,
@@ -112,8 +160,11 @@ def _rank_times(data: dict) -> RankTimes:
     return RankTimes(**{**data, "sizes": tuple(tuple(row) for row in data["sizes"])})
 
 
-def print_dp_table(ranks: list[RankTimes], layout: str, iters: int, file=sys.stdout) -> None:
-    print(f"DP={len(ranks)} world, {layout}; median of {iters} steps, ms, per rank",
+def print_dp_table(ranks: list[RankTimes], layout: str, iters: int, execution: str = "harness",
+                   file=sys.stdout) -> None:
+    runs = {"harness": "the harness's own microbatch runner and graph manager",
+            "vllm": "vLLM's UBatchRunner and ModelCudaGraphManager"}[execution]
+    print(f"DP={len(ranks)} world, {layout}; {runs}; median of {iters} steps, ms, per rank",
           file=file)
     print(f"{'tokens':>6}  " + "  ".join(
         f"{'r' + str(r.rank) + ' eager ub':>11}  {'r' + str(r.rank) + ' FULL ub':>10}  "
@@ -136,6 +187,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="8,32,128,512")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--exec", dest="execution", choices=("harness", "vllm"),
+                        default="harness", help="whose execution code runs the steps")
+    parser.add_argument("--backend", choices=("nccl", "gloo"), default="nccl",
+                        help=argparse.SUPPRESS)  # gloo: the rank code debugged on a CPU
     parser.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--launched", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -146,13 +201,21 @@ def main(argv: list[str] | None = None) -> int:
     from harness.world.backends import check_backend
 
     try:
-        layout = check_backend("nccl", args.nproc)
+        layout = check_backend(args.backend, args.nproc)
         [int(s) for s in args.sizes.split(",")]
     except (ConfigError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print_dp_table(run_dp_bench(args.nproc, args.sizes, args.warmup, args.iters),
-                   layout.describe(), args.iters)
+    if args.execution == "vllm":
+        from harness.vllm_sut.available import unavailable_reason, vllm_version
+
+        if vllm_version() is None:
+            print(f"vLLM's execution table skipped: {unavailable_reason()}")
+            return 0
+    print_dp_table(run_dp_bench(args.nproc, args.sizes, args.warmup, args.iters,
+                                args.execution, args.backend),
+                   layout.describe() if args.backend == "nccl" else "gloo on CPU",
+                   args.iters, args.execution)
     return 0
 
 

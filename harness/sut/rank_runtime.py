@@ -50,6 +50,18 @@ def decide_under_rank_faults(runtime, batch, faults: Sequence[Fault]):
     return plan
 
 
+def settled(fence: DeviceFence | None, what: str, error):
+    """The step's error once its device work is waited for, bounded: its own error first,
+    else the device's being wedged (no fence: a CPU rank, nothing to wait for)."""
+    if fence is None:
+        return error
+    try:
+        fence.wait(what)
+    except DeviceWedged as exc:
+        return error or error_of(exc)
+    return error
+
+
 class RankRuntime:
     def __init__(self, config: HarnessConfig, rank: int, group, *, device: str = "cpu",
                  collective_timeout_s: float = 5.0, hang_timeout_s: float = 5.0,
@@ -149,7 +161,7 @@ class RankRuntime:
         except BaseException as exc:  # noqa: BLE001 - reported in the record
             error = error_of(exc)
             fingerprint = self.log.since(mark)
-        error = self._fence(index, error)
+        error = settled(self.fence, f"rank {self.rank} step {index}", error)
         wedged = self.fence is not None and self.fence.wedged is not None
         return StepRecord(
             rank=self.rank, step=index, plan=plan, executed=executed,
@@ -164,16 +176,6 @@ class RankRuntime:
             threads_alive=tuple(self.runner.alive_threads()),
             pending_run=self.runner.has_pending_run, error=error,
             injected_fault=bool(faults), seconds=time.monotonic() - start)
-
-    def _fence(self, index: int, error):
-        """Wait, bounded, for the step's device work; the step's error (its own first)."""
-        if self.fence is None:
-            return error
-        try:
-            self.fence.wait(f"rank {self.rank} step {index}")
-        except DeviceWedged as exc:
-            return error or error_of(exc)
-        return error
 
     def _received_routes(self, split, completed: bool) -> tuple[tuple[int, int, int], ...]:
         if not completed:

@@ -38,9 +38,10 @@ from harness.history.records import (
 from harness.history.step_error import error_of
 from harness.model.state import RequestSpec, StateCache, initial_state
 from harness.runtime.comm import CollectiveLog, EagerAllToAll, LoggedAllToAll
+from harness.runtime.device_fence import DeviceFence
 from harness.scenario import RankStep
 from harness.sut import systems
-from harness.sut.rank_runtime import decide_under_rank_faults
+from harness.sut.rank_runtime import decide_under_rank_faults, settled
 from harness.vllm_exec.inputs import (
     ATTN_GROUPS,
     KV_CACHE_CONFIG,
@@ -50,7 +51,7 @@ from harness.vllm_exec.inputs import (
     whole_step_attn,
 )
 from harness.vllm_exec.model import MiniModel, VllmStyleMoE
-from harness.vllm_exec.stand_ins import stand_ins_for
+from harness.vllm_exec.stand_ins import CudaStandIns, stand_ins_for
 from harness.vllm_sut.candidates import to_harness
 from harness.vllm_sut.code import vllm_code
 from harness.vllm_sut.configs import vllm_configs
@@ -101,6 +102,10 @@ class VllmExecRuntime:
                                              self.device)
         self.runner = self._build_runner()
         self.manager = self._build_manager()
+        # On CUDA, results are read only once the device work is known to be done: a peer
+        # that left the step keeps this rank's NCCL kernels, and any read behind them, waiting.
+        self.fence = (DeviceFence(self.stand_ins.all_streams, collective_timeout_s)
+                      if isinstance(self.stand_ins, CudaStandIns) else None)
         self._last_split: tuple[Span, ...] = ()
         self.captured_splits: dict[int, tuple[Span, ...]] = {}  # id(graph) -> split
         self.graph_fingerprints: dict[int, tuple] = {}
@@ -199,6 +204,8 @@ class VllmExecRuntime:
         plan, ran, error = None, None, None
         self.log.note(f"step {index}")
         try:
+            if self.fence is not None:
+                self.fence.check()  # a device held by a stuck collective takes no new work
             plan = decide_under_rank_faults(self, batch, faults)
             with torch.inference_mode():  # as vLLM's worker runs execute_model
                 ran = self._execute(plan, requests, batch.num_tokens)
@@ -206,6 +213,8 @@ class VllmExecRuntime:
             error = error_of(exc)
         finally:
             self.stand_ins.thread_setup.arm(None)
+        error = settled(self.fence, f"rank {self.rank} step {index}", error)
+        readable = self.fence is None or self.fence.wedged is None
         fingerprint = self.log.since(mark) + (ran.graph_fingerprint if ran else ())
         exec_trace = VllmExecTrace(tuple(trace.errors), tuple(trace.recv), self._leftovers(),
                                    tuple(self.stand_ins.event_log[events:]))
@@ -214,13 +223,21 @@ class VllmExecRuntime:
             executed=ran.executed if ran else "failed",
             captured_split=ran.captured_split if ran else (),
             replay_split=ran.replay_split if ran else (),
-            fingerprint=fingerprint, routes=self._routes(ran) if ran else (),
+            fingerprint=fingerprint, routes=self._routes(ran) if ran and readable else (),
             replayed=ran.replayed if ran else None, ran_split=ran.split if ran else (),
             a2a_tokens_per_rank=self.moe.capacity // self.config.top_k,
-            outputs=rows_of(ran.outputs) if ran else (), state=rows_of(self.cache.state),
+            # A wedged device would block any read; its rows are left out.
+            outputs=rows_of(ran.outputs) if ran and readable else (),
+            state=rows_of(self.cache.state) if readable else (),
             threads_alive=self.alive_threads(), pending_run=self.has_pending_run,
             error=error, injected_fault=bool(faults), seconds=time.monotonic() - start,
             vllm_exec=exec_trace)
+
+    def execute(self, desc: GraphDescriptor, requests: Sequence[RequestSpec]) -> torch.Tensor:
+        """`desc` run over `requests` as a step runs it once the DP sync has chosen it, with
+        no sync and no record (what the GPU bench times); the real tokens' rows."""
+        chosen = _Chosen(desc, desc.num_tokens, desc.num_reqs)
+        return self._execute(chosen, requests, sum(r.query_len for r in requests)).outputs
 
     def _execute(self, plan, requests: Sequence[RequestSpec], real_tokens: int) -> _Ran:
         desc = plan.desc
@@ -289,6 +306,16 @@ class VllmExecRuntime:
         if forward_context._forward_context is not None:
             left.append("the forward context is set")
         return tuple(left)
+
+
+@dataclass(frozen=True)
+class _Chosen:
+    """What `_execute` reads of a step plan."""
+
+    desc: GraphDescriptor
+    num_tokens: int
+    num_reqs: int | None
+    state: object = None  # no DP sync ran: vLLM's forward context gets no token counts
 
 
 @dataclass(frozen=True)

@@ -262,8 +262,10 @@ class _LoggedCudaEvent(torch.Event):
     """A CUDA event whose every record and wait lands in the process's event log (streams
     call `event.wait(stream)` from `wait_event`, so both directions are seen)."""
 
+    def __new__(cls, stand_ins: CudaStandIns, name: str) -> _LoggedCudaEvent:
+        return super().__new__(cls, stand_ins.device)  # torch's type takes only the device
+
     def __init__(self, stand_ins: CudaStandIns, name: str) -> None:
-        super().__init__(stand_ins.device)
         self.name = name
         self._s = stand_ins
         self.num_records = 0
@@ -289,7 +291,7 @@ class _ObservedCuda:
 
     def Stream(self, device: Any = None, priority: int = 0) -> torch.cuda.Stream:  # noqa: N802
         stream = torch.cuda.Stream(device=device, priority=priority)
-        self._s.stream_names[stream.stream_id] = self._s.next_stream_name()
+        self._s.name_stream(stream, self._s.next_stream_name())
         return stream
 
     def Event(self, *args: Any, **kwargs: Any) -> _LoggedCudaEvent:  # noqa: N802
@@ -319,8 +321,18 @@ class CudaStandIns(_StandIns):
         self.device = device
         self.pool = torch.cuda.graph_pool_handle()
         self.stream_names: dict[int, str] = {}
+        self.streams_made: list[torch.cuda.Stream] = []
         self.empty: dict[int, bool] = {}
         self.proxy = _TorchProxy(_ObservedCuda(self), _AcceleratorNamespace(self, real=True))
+
+    def name_stream(self, stream: torch.cuda.Stream, name: str) -> None:
+        self.stream_names[stream.stream_id] = name
+        self.streams_made.append(stream)
+
+    def all_streams(self) -> list[torch.cuda.Stream]:
+        """Every stream vLLM's code made here and the calling thread's current one: the work
+        the rank has queued on its device (harness/runtime/device_fence.py waits for it)."""
+        return [*self.streams_made, torch.cuda.current_stream(self.device)]
 
     def stream_name(self, stream: torch.cuda.Stream) -> str:
         return self.stream_names.get(stream.stream_id, f"cuda-stream-{stream.stream_id}")
@@ -333,7 +345,7 @@ class CudaStandIns(_StandIns):
         """A fresh stream, ordered after the current one's work, is current for the capture
         (the default stream cannot be captured on)."""
         stream = torch.cuda.Stream(device=self.device)
-        self.stream_names[stream.stream_id] = "vllm-graph-capture"
+        self.name_stream(stream, "vllm-graph-capture")
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             yield SimpleNamespace(stream=stream)

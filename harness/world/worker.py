@@ -260,7 +260,9 @@ def main(argv: list[str] | None = None) -> int:
         device = join_group(args.backend, args.device, args.collective_timeout, group_args)
         group = dist.group.WORLD
         if args.preload_vllm:
-            import harness.vllm_exec.runtime  # noqa: F401 - vLLM's imports, outside deadlines
+            from harness.vllm_exec import runtime_class
+
+            runtime_class()  # vLLM's imports, outside the deadlines
         channel.send(("ready", rank))
         # Gloo's collectives on CUDA tensors sync with the host, so they cannot be captured
         # into a real graph: that world emulates its graphs over the CUDA tensors.
