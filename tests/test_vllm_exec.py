@@ -8,6 +8,7 @@ Skipped where vLLM does not import (`make test-vllm` installs it)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -153,3 +154,26 @@ def test_a_stage_fault_of_vllms_threads_needs_vllms_execution():
     with pytest.raises(ConfigError, match=r"^faults\[0\]\.kind: raise_in_setup is a stage"):
         scenario_from_dict({"config": {}, "steps": [{"ranks": [{"tokens": 4}, {"tokens": 4}]}],
                             "faults": [{"kind": "raise_in_setup", "rank": 0}]})
+
+
+def _bundle_tool():
+    spec = importlib.util.spec_from_file_location("vllm_gpu_bundle",
+                                                  ROOT / "tools" / "vllm_gpu_bundle.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return tool
+
+
+def test_the_gpu_bundle_carries_what_the_execution_path_imports_and_the_image_lacks():
+    tool = _bundle_tool()
+    pins = tool.pinned()
+    wanted = tool.carried(pins)
+    assert {"pydantic", "pydantic-core", "msgspec", "cbor2"} <= set(wanted)
+    assert not {"vllm", "torch", "numpy", "transformers"} & set(wanted)
+    assert set(wanted) <= set(pins)
+
+
+def test_installing_a_missing_gpu_bundle_is_one_line_and_exit_2(tmp_path, capsys):
+    assert _bundle_tool().install(tmp_path) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"{tmp_path} holds no bundle")

@@ -65,10 +65,16 @@ def imported_distributions() -> set[str]:
     return {canonical(d) for top in out for d in owners.get(top, ())}
 
 
+def carried(pins: dict[str, str]) -> list[str]:
+    """The distributions the bundle carries as wheels: imported by the execution path,
+    pinned, not shipped by the GPU image (vLLM itself goes as its Python files)."""
+    return sorted(d for d in imported_distributions() & pins.keys()
+                  if d not in ON_GPU_IMAGE and d != "vllm")
+
+
 def pack() -> int:
     pins = pinned()
-    wanted = sorted(d for d in imported_distributions() & pins.keys()
-                    if d not in ON_GPU_IMAGE and d != "vllm")
+    wanted = carried(pins)
     wheels = BUNDLE / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
     for old in wheels.glob("*.whl"):
@@ -91,18 +97,18 @@ def pack() -> int:
     return 0
 
 
-def install() -> int:
-    if not (BUNDLE / "vllm-py.tar.gz").exists():
-        print(f"{BUNDLE.relative_to(ROOT)} holds no bundle: run `make vllm-gpu-bundle` where a "
-              "package registry answers, and carry build/vllm-gpu", file=sys.stderr)
+def install(bundle: Path = BUNDLE) -> int:
+    if not (bundle / "vllm-py.tar.gz").exists():
+        print(f"{bundle} holds no bundle: run `make vllm-gpu-bundle` where a package registry "
+              "answers, and carry build/vllm-gpu", file=sys.stderr)
         return 2
-    site = BUNDLE / "site"
+    site = bundle / "site"
     if not (site / ".installed").exists():
-        wheels = sorted(str(w) for w in (BUNDLE / "wheels").glob("*.whl"))
+        wheels = sorted(str(w) for w in (bundle / "wheels").glob("*.whl"))
         subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index",
                         "--no-deps", "--no-compile", "--upgrade", "--target", str(site),
                         *wheels], check=True, timeout=600)
-        with tarfile.open(BUNDLE / "vllm-py.tar.gz") as tar:
+        with tarfile.open(bundle / "vllm-py.tar.gz") as tar:
             tar.extractall(site, filter="data")
         (site / ".installed").touch()
     env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{ROOT}"}
