@@ -139,20 +139,26 @@ class _StandIns(abc.ABC):
 
     def install(self, ubatching: ModuleType, ubatch_utils: ModuleType,
                 cudagraph_utils: ModuleType) -> None:
-        """Point the three modules' names at the stand-ins (idempotent per module)."""
+        """Point the three modules' names at the stand-ins (idempotent per module). Where
+        vLLM's own CUDA platform is active (a full install on a GPU host), its current
+        stream, SM control and graph pool are used, not stood in."""
+        platform_stood_in = not cudagraph_utils.current_platform.is_cuda()
         for module in (ubatching, ubatch_utils, cudagraph_utils):
             if module in self.installed:
                 continue
             module.torch = self.proxy
-            module.current_stream = self.current_stream
+            if platform_stood_in:
+                module.current_stream = self.current_stream
             self.installed.append(module)
-        # vLLM's SM control object is entered once per run: a reusable null context.
-        ubatch_utils.create_sm_control_context = lambda parallel_config: contextlib.nullcontext()
         cudagraph_utils.get_pp_group = lambda: SimpleNamespace(is_first_rank=True,
                                                                is_last_rank=True)
         cudagraph_utils.graph_capture = self.graph_capture
         cudagraph_utils.capture_pool = _no_pool
         cudagraph_utils.is_global_first_rank = lambda: False
+        if not platform_stood_in:
+            return
+        # vLLM's SM control object is entered once per run: a reusable null context.
+        ubatch_utils.create_sm_control_context = lambda parallel_config: contextlib.nullcontext()
         if not isinstance(cudagraph_utils.current_platform, _PlatformWithPool):
             cudagraph_utils.current_platform = _PlatformWithPool(
                 cudagraph_utils.current_platform, self.pool)
