@@ -3,19 +3,9 @@ import sys
 
 from harness.cli import main
 from harness.runtime.intra_op import one_intra_op_thread
+from harness.termination import Terminated, stop_on_sigterm
 
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (a CI timeout, `timeout`). A KeyboardInterrupt, so that it unwinds like
-    Ctrl-C: Hypothesis lets it through instead of taking it for a failing example, and
-    every world is closed by the code that opened it."""
-
-
-def _terminate(signum, frame):
-    raise Terminated()
-
-
-signal.signal(signal.SIGTERM, _terminate)
+stop_on_sigterm()
 one_intra_op_thread()
 try:
     code = main()

@@ -39,3 +39,28 @@ def test_sigterm_mid_search_ends_the_run_in_one_line_and_exit_143(tmp_path):
     assert "Traceback" not in err
     psutil.wait_procs(children, timeout=10)
     assert not [c.pid for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+
+
+GC_CALLBACK_SIGTERM = """
+import gc, os, signal, sys, time
+from harness.termination import stop_on_sigterm
+stop_on_sigterm()
+def callback(phase, info):
+    if phase == "start":
+        gc.callbacks.remove(callback)
+        os.kill(os.getpid(), signal.SIGTERM)
+        sum(range(10000))  # the handler runs here, inside the callback
+gc.callbacks.append(callback)
+try:
+    gc.collect()
+    time.sleep(5)
+    print("still running")
+except KeyboardInterrupt as stop:
+    print("stopped by", type(stop).__name__)
+"""
+
+
+def test_a_sigterm_that_lands_in_a_gc_callback_still_stops_the_run():
+    done = subprocess.run([sys.executable, "-c", GC_CALLBACK_SIGTERM], cwd=ROOT,
+                          capture_output=True, text=True, timeout=30)
+    assert done.stdout.strip() == "stopped by Terminated", done.stderr

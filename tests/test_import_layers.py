@@ -11,7 +11,7 @@ HARNESS = Path(__file__).resolve().parents[1] / "harness"
 
 # Lowest first. A top-level module counts as a package of its own.
 LAYERS = (
-    "errors", "data_file",  # one-line errors, TOML/JSON input
+    "errors", "data_file", "termination",  # one-line errors, TOML/JSON input, SIGTERM
     "vllm_code",  # vLLM's source as data: diffs, patch descriptors, which vLLM a tree is
     "bug_switches", "config_values", "config",  # plain data and rules
     "timeouts", "batch", "faults",
