@@ -14,6 +14,7 @@ from harness.batch import RankBatch, validate_batches
 from harness.check.agreement import first_disagreement
 from harness.check.exhaustive import explore
 from harness.check.judge import StepResult, judge
+from harness.check.verdict import Outcome
 from harness.cli_config import (
     add_config_flags,
     add_timeout_flags,
@@ -140,8 +141,11 @@ def _print_tested(config: HarnessConfig, note: str = "") -> None:
             print(line)
 
 
+VERDICT_MARKS = {Outcome.HELD: "ok  ", Outcome.FAILED: "FAIL", Outcome.NOT_APPLICABLE: "n/a "}
+
+
 def _verdict_lines(verdicts) -> list[str]:
-    return [f"  {'ok  ' if v.ok else 'FAIL'} {v.checker}" + (f": {v.detail}" if v.detail else "")
+    return [f"  {VERDICT_MARKS[v.outcome]} {v.checker}" + (f": {v.detail}" if v.detail else "")
             for v in verdicts]
 
 
@@ -184,7 +188,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"stopped after step {len(result.steps) - 1}: a rank failed or hung"
                   if result.steps else "no step ran: capture failed")
         if result.ok:
-            print("all checkers hold")
+            unjudged = sum(not v.applied for v in result.verdicts())
+            print("all checkers hold" + (f" ({unjudged} verdicts not applicable: n/a above)"
+                                         if unjudged else ""))
         else:
             print("FAILED; the scenario, to replay with `python -m harness run --scenario FILE`:")
             print(scenario.to_json())

@@ -25,6 +25,7 @@ from harness.config import Execution, HarnessConfig, check_seconds, config_kwarg
 from harness.data_file import read_data_file
 from harness.errors import ConfigError
 from harness.faults import SLEEPING_FAULTS, VLLM_EXEC_FAULTS, Fault, FaultKind
+from harness.invariants import CheckerName
 from harness.model.state import RequestSpec
 from harness.model.weights import DEFAULT_VOCAB
 
@@ -250,15 +251,8 @@ def _fault_from_dict(data: Any, where: str, config: HarnessConfig, num_steps: in
 
 
 GRAPH_BACKENDS = ("emulated", "cuda")
-# Every verdict name harness/check/checkers.py gives; `expect` may name only these.
-CHECKERS = ("startup", "capture_hygiene", "graphs_capture_work", "capture_symmetry",
-            "graphs_reachable", "liveness", "errors", "agreement", "collective_fingerprints",
-            "captured_split", "no_empty_region", "matches_reference", "routing_provenance",
-            "thread_hygiene", "differential", "differential_base", "spec_decision",
-            # harness/check/execution.py: what each rank ran against its plan
-            "executes_plan", "eager_slices", "split_consensus", "dispatch_capacity",
-            # harness/check/vllm_exec.py: steps on vLLM's own execution code
-            "ubatching_state", "recv_before_read")
+# `expect` may name only a registered checker (harness/check/registry.py).
+CHECKERS = tuple(CheckerName)
 
 
 def _checker(value: Any, where: str) -> str:

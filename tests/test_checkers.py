@@ -7,7 +7,6 @@ from dataclasses import replace
 
 from harness.batch import RankBatch
 from harness.check.checkers import (
-    ReferenceRows,
     check_errors,
     check_fingerprints,
     check_liveness,
@@ -15,9 +14,10 @@ from harness.check.checkers import (
     check_reference,
     check_replay_split,
     check_routing,
-    check_step,
     check_thread_hygiene,
 )
+from harness.check.reference import ReferenceRows
+from harness.check.registry import check_step
 from harness.config import HarnessConfig
 from harness.errors import ErrorOrigin
 from harness.history.records import StepRecord

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from harness.batch import RankBatch
-from harness.check.checkers import check_step
 from harness.check.execution import (
     check_dispatch_capacity,
     check_executes_plan,
@@ -17,6 +16,7 @@ from harness.check.execution import (
 )
 from harness.check.judge import judge
 from harness.check.reference import ReferenceRows
+from harness.check.registry import check_step
 from harness.check.spec_decision import spec_plans
 from harness.config import HarnessConfig, ubatching_fields
 from harness.errors import ConfigError

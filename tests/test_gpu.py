@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness.check.checkers import check_startup
+from harness.check.registry import check_startup
 from harness.gpu.cublas import drain_cublas_handles_at_capture
 from harness.gpu.steps import decode, eager_rerun, one_rank_scenario, run_checked
 from harness.gpu.world import open_single_rank_gpu_world, single_rank_config

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from harness.batch import RankBatch
-from harness.check.checkers import check_step
 from harness.check.execution import check_executes_plan
 from harness.check.judge import judge
 from harness.check.reference import ReferenceRows
+from harness.check.registry import check_step
 from harness.check.spec_decision import spec_plans
 from harness.config import HarnessConfig
 from harness.history.records import StepRecord

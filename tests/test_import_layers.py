@@ -14,7 +14,7 @@ LAYERS = (
     "errors", "data_file", "termination",  # one-line errors, TOML/JSON input, SIGTERM
     "vllm_code",  # vLLM's source as data: diffs, patch descriptors, which vLLM a tree is
     "bug_switches", "config_values", "config",  # plain data and rules
-    "timeouts", "batch", "faults",
+    "timeouts", "batch", "faults", "invariants",  # invariants: the checkers by name
     "runtime",  # collectives, streams, graphs, the microbatch thread ring
     "model",  # the miniature MoE and its single-process reference
     "scenario",  # one replayable case

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -37,12 +38,14 @@ def scenario(*steps: list[int], **config) -> dict:
 
 
 def example(variant: str, tokens: list[int], failing: str | None = None,
-            **config) -> ExampleEntry:
+            unjudged: str | None = None, **config) -> ExampleEntry:
     verdicts = [VerdictEntry(None, "startup", True), VerdictEntry(0, "agreement", True),
                 VerdictEntry(0, "no_empty_region", failing != "no_empty_region",
                              "rank 0 replays with empty region(s) [1]")]
     if failing and failing != "no_empty_region":
         verdicts.append(VerdictEntry(0, failing, False, "differs"))
+    if unjudged:
+        verdicts.append(VerdictEntry(0, unjudged, True, "no rank replayed", applied=False))
     return ExampleEntry("r1", variant, "sim", scenario(tokens, **config), failing is None,
                         tuple(verdicts), 0.25)
 
@@ -131,12 +134,37 @@ def test_the_verdict_json_holds_every_verdict_of_every_example(mixed_log, tmp_pa
     startup = document["verdicts"][0]
     assert startup["step"] is None and startup["checker"] == "startup"
     assert set(startup) == {"variant", "world", "run", "scenario_name", "tokens", "step",
-                            "checker", "ok", "detail"}
+                            "checker", "ok", "outcome", "detail"}
+    assert {v["outcome"] for v in failed} == {"failed"} and startup["outcome"] == "held"
     outcomes = {f["variant"]: (f["outcome"], f["passes"], f["tokens"])
                 for f in document["findings"]}
     assert outcomes == {"reference": ("FOUND-ON-REFERENCE", False, [[32, 57]]),
                         "guard-merged": ("pass", True, [[32, 64]]),
                         "guard-strict-k2": ("MISSED", False, None)}
+
+
+def test_a_checker_that_judged_no_example_is_not_applicable_in_json_and_skipped_in_junit(
+        tmp_path):
+    log = write_log(tmp_path / "log.jsonl",
+                    example("reference", [16, 40], unjudged="captured_split"),
+                    example("reference", [8, 8], unjudged="captured_split"),
+                    finding("reference", False))
+    files = build_report([log], tmp_path / "out", maps=False)
+    rows = json.loads(files.verdicts.read_text())["verdicts"]
+    unjudged = [v for v in rows if v["checker"] == "captured_split"]
+    assert [(v["ok"], v["outcome"]) for v in unjudged] == [(True, "not applicable")] * 2
+    root = ET.parse(files.junit).getroot()
+    case = root.find("testsuite/testcase[@name='examples[reference].captured_split']")
+    assert case.find("skipped").get("message") == "not applicable in any of the 2 examples"
+    assert (root.get("tests"), root.get("failures"), root.get("skipped")) == ("2", "0", "1")
+    # A checker that judged one of the examples is no skipped case.
+    judged = example("reference", [8, 8])
+    judged = replace(judged, verdicts=(*judged.verdicts, VerdictEntry(0, "captured_split", True)))
+    log2 = write_log(tmp_path / "log2.jsonl",
+                     example("reference", [16, 40], unjudged="captured_split"), judged,
+                     finding("reference", False))
+    root2 = ET.parse(build_report([log2], tmp_path / "out2", maps=False).junit).getroot()
+    assert root2.find(".//skipped") is None
 
 
 def test_the_markdown_names_missed_variants_and_how_to_replay_the_findings(mixed_log, tmp_path):

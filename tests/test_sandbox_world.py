@@ -18,8 +18,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harness.check.checkers import check_errors, check_startup
+from harness.check.checkers import check_errors
 from harness.check.judge import judge
+from harness.check.registry import check_startup
 from harness.cli import EXIT_FOUND, main
 from harness.errors import ErrorOrigin
 from harness.history.step_error import StepError

@@ -156,6 +156,20 @@ def test_a_stage_fault_of_vllms_threads_needs_vllms_execution():
                             "faults": [{"kind": "raise_in_setup", "rank": 0}]})
 
 
+def test_one_hunt_of_vllms_execution_can_be_named_and_both_run_by_default():
+    from argparse import Namespace
+
+    from harness.fuzz.command import exec_variants
+
+    def names(variant: str) -> list[str]:
+        return [v.name for v in exec_variants(Namespace(variant=variant, sut="vllm"))]
+
+    assert names("vllm-exec-crash") == ["vllm-exec-crash"]
+    assert names("all") == ["vllm-exec-hang", "vllm-exec-crash"]
+    with pytest.raises(ConfigError, match="^variant: vllm-exec-hang hunts .* needs --sut vllm"):
+        exec_variants(Namespace(variant="vllm-exec-hang", sut="harness"))
+
+
 def _bundle_tool():
     spec = importlib.util.spec_from_file_location("vllm_gpu_bundle",
                                                   ROOT / "tools" / "vllm_gpu_bundle.py")

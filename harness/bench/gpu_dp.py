@@ -33,6 +33,7 @@ class RankTimes:
     start_s: float  # launch to the group being ready (torchrun, import torch, CUDA, NCCL)
     capture_s: float  # every FULL graph of the config captured (warmups included)
     graphs: int
+    import_s: float  # importing vLLM's execution modules (0 under the harness's execution)
     sync_ms: float  # the DP sync: one gloo all-reduce of the matrix plus the decision
     sizes: tuple[tuple[int, float, float], ...]  # (tokens, eager ub ms, FULL ub replay ms)
 
@@ -50,6 +51,11 @@ def _rank_main(args: argparse.Namespace) -> int:
     wait_for_every_rank(world_size)
     device = join_group(args.backend, "cuda" if args.backend == "nccl" else "cpu", 120.0)
     group = dist.group.WORLD
+    joined = time.time()
+    if args.execution == "vllm":  # vLLM's import is timed apart from its capture
+        from harness.vllm_exec import runtime_class
+
+        runtime_class()
     ready = time.time()
     sizes = tuple(int(s) for s in args.sizes.split(","))
     config = HarnessConfig(dp_size=world_size, capture_sizes=sizes, max_num_reqs=max(sizes),
@@ -65,8 +71,8 @@ def _rank_main(args: argparse.Namespace) -> int:
     batch = RankStep((1,) * sizes[-1]).batch()
     sync = timed(lambda: systems.decide(group, config, rank, batch, 60.0),
                  runtime.device, args.warmup, args.iters)
-    times = RankTimes(rank, str(device), ready - args.launched, captured - ready,
-                      len(startup.graphs), sync, tuple(rows))
+    times = RankTimes(rank, str(device), joined - args.launched, captured - ready,
+                      len(startup.graphs), ready - joined, sync, tuple(rows))
     Path(args.out, f"rank-{rank}.json").write_text(json.dumps(asdict(times)))
     os._exit(0)  # no destroy_process_group: it hangs with ranks sharing a GPU
 
@@ -177,7 +183,9 @@ def print_dp_table(ranks: list[RankTimes], layout: str, iters: int, execution: s
         print(f"{n:>6}  " + "  ".join(cells), file=file)
     for r in ranks:
         print(f"rank {r.rank} on {r.device}: DP sync {r.sync_ms:.3f} ms; world start "
-              f"{r.start_s:.1f} s; capture of {r.graphs} graphs {r.capture_s:.1f} s", file=file)
+              f"{r.start_s:.1f} s; "
+              + (f"vLLM import {r.import_s:.1f} s; " if r.import_s else "")
+              + f"capture of {r.graphs} graphs {r.capture_s:.1f} s", file=file)
 
 
 def main(argv: list[str] | None = None) -> int:

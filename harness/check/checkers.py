@@ -1,23 +1,23 @@
-"""Checkers: pure functions over every rank's records (and the reference) to verdicts.
+"""Step checkers: pure functions over every rank's records (and the reference) to
+judgements, named and run by the registry (harness/check/registry.py).
 
-Each names the invariant it guards (docs/spec.md §8), and on failure the rank(s) and the
-first offending value, so a report says which input broke what where.
+Each holds an invariant of docs/spec.md §8, and on failure names the rank(s) and the first
+offending value, so a report says which input broke what where.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from harness.check import execution, vllm_exec
 from harness.check.agreement import first_disagreement
 from harness.check.reference import ReferenceRows
 from harness.check.stacks import parked_frames
-from harness.check.verdict import Verdict, _fail, _ok
+from harness.check.verdict import Judgement, failed, held, not_applicable
 from harness.check.vllm_exec import microbatch_crash
 from harness.errors import ErrorOrigin
 from harness.history.decision import StepPlan
-from harness.history.records import Rows, StartupRecord, StepRecord, rows_tensor
+from harness.history.records import Rows, StepRecord, rows_tensor
 from harness.history.step_error import StepError
 from harness.model.reference import mismatched_rows
 
@@ -29,39 +29,33 @@ NAMED_FAULT_ERRORS = ("InjectedFault", "RankKilled", "RankCrashed", "MicrobatchF
 VLLM_RUNNER_REPORT = re.compile(r"Microbatch \d+ of \d+ failed")
 
 
-
-
-# -- per step ---------------------------------------------------------------------------------
-
 def check_liveness(records: Sequence[StepRecord | None], deadline_s: float,
-                   evidence: str = "") -> Verdict:
+                   evidence: str = "") -> Judgement:
     """Every rank finished the step within its deadline, and none reported a hang. A stuck
     rank's threads parked in vLLM's code are named by their innermost vLLM frame."""
-    name = "liveness"
     stuck = [r for r, rec in enumerate(records) if rec is None]
     if stuck:
         parked = [f"rank {r} parked at {', '.join(frames)}" for r in stuck
                   if (frames := parked_frames(evidence, r))]
-        return _fail(name, f"ranks {stuck} still running after the {deadline_s:.1f} s deadline"
+        return failed(f"ranks {stuck} still running after the {deadline_s:.1f} s deadline"
                      + (f"; {'; '.join(parked)}" if parked else ""))
     for rec in records:
         if rec.error is not None and rec.error.origin is ErrorOrigin.HANG:
-            return _fail(name, f"rank {rec.rank} hung: {rec.error.describe()}")
+            return failed(f"rank {rec.rank} hung: {rec.error.describe()}")
         if rec.seconds > deadline_s:
-            return _fail(name, f"rank {rec.rank} took {rec.seconds:.2f} s, over the "
+            return failed(f"rank {rec.rank} took {rec.seconds:.2f} s, over the "
                          f"{deadline_s:.1f} s deadline")
-    return _ok(name)
+    return held()
 
 
-def check_errors(records: Sequence[StepRecord | None]) -> Verdict:
+def check_errors(records: Sequence[StepRecord | None]) -> Judgement:
     """No rank failed, except where a fault was injected: there the faulty microbatch must be
     named (a MicrobatchFailed caused by the injected fault), and the peers may only time out
     in the collective it never joined (or lose their process to torchrun)."""
-    name = "errors"
     present = [r for r in records if r is not None]
     crash = microbatch_crash(present)  # under vLLM's runner, which reports only one
     if crash is not None:
-        return _fail(name, crash)
+        return failed(crash)
     # A rank that never reported (it hung or died) is one its peers may have waited on.
     faulted = any(r.injected_fault for r in present) or len(present) < len(records)
     # A rank that timed out waited on another: name the one that failed first, if any did.
@@ -70,15 +64,15 @@ def check_errors(records: Sequence[StepRecord | None]) -> Verdict:
         if err is None:
             continue
         if not faulted:
-            return _fail(name, f"rank {rec.rank}: {err.describe()}")
+            return failed(f"rank {rec.rank}: {err.describe()}")
         if rec.injected_fault:
             if not _names_the_fault(err):
-                return _fail(name, f"rank {rec.rank}: the injected fault surfaced as "
+                return failed(f"rank {rec.rank}: the injected fault surfaced as "
                              f"{err.describe()}")
         elif err.origin not in (ErrorOrigin.TIMEOUT, ErrorOrigin.LOST):
-            return _fail(name, f"rank {rec.rank} (a peer of the faulty rank): {err.describe()}")
+            return failed(f"rank {rec.rank} (a peer of the faulty rank): {err.describe()}")
     contained = [f"rank {r.rank} {r.error.kind}" for r in present if r.error is not None]
-    return _ok(name, f"injected fault contained: {', '.join(contained)}" if contained else "")
+    return held(f"injected fault contained: {', '.join(contained)}" if contained else "")
 
 
 def _waited_on_another(rec: StepRecord) -> bool:
@@ -95,29 +89,28 @@ def _names_the_fault(err: StepError) -> bool:
                      is not None)))
 
 
-def check_agreement(records: Sequence[StepRecord]) -> Verdict:
+def check_agreement(records: Sequence[StepRecord]) -> Judgement:
     """Every rank took the same decision (branch, graph, padding, split sizes, sync state)."""
     plans = [r.plan for r in records]
     if any(p is None for p in plans):
-        return _ok("agreement", "skipped: a rank failed before the DP sync returned")
+        return not_applicable("a rank failed before the DP sync returned")
     disagreement = first_disagreement(plans)
     if disagreement is None:
-        return _ok("agreement")
-    return _fail("agreement", disagreement.describe())
+        return held()
+    return failed(disagreement.describe())
 
 
-def check_fingerprints(records: Sequence[StepRecord]) -> Verdict:
+def check_fingerprints(records: Sequence[StepRecord]) -> Judgement:
     """Every rank issued the same collectives, in the same order, with the same sizes. A rank
     whose fingerprint is unknown (it died before reporting) is left out and named, never read
     as a rank that issued nothing."""
-    name = "collective_fingerprints"
     if any(r.injected_fault for r in records):
-        return _ok(name, "skipped: a fault changes this step's collectives by design")
+        return not_applicable("a fault changes this step's collectives by design")
     known = [r for r in records if r.fingerprint is not None]
     unknown = [r.rank for r in records if r.fingerprint is None]
     note = f"ranks {unknown} left out: their collectives are unknown" if unknown else ""
     if not known:
-        return _ok(name, note)
+        return held(note)
     first, base = known[0], known[0].fingerprint
     for rec in known[1:]:
         if rec.fingerprint == base:
@@ -126,37 +119,37 @@ def check_fingerprints(records: Sequence[StepRecord]) -> Verdict:
             a = base[i] if i < len(base) else None
             b = rec.fingerprint[i] if i < len(rec.fingerprint) else None
             if a != b:
-                return _fail(name, f"collective #{i}: rank {first.rank} issues {a}, "
+                return failed(f"collective #{i}: rank {first.rank} issues {a}, "
                              f"rank {rec.rank} issues {b}" + (f" ({note})" if note else ""))
-    return _ok(name, note)
+    return held(note)
 
 
-def check_replay_split(records: Sequence[StepRecord]) -> Verdict:
+def check_replay_split(records: Sequence[StepRecord]) -> Judgement:
     """A replayed microbatched graph splits the batch as it was split at capture."""
-    name = "captured_split"
+    if not any(rec.executed == "replay" for rec in records):
+        return not_applicable("no rank replayed a graph")
     for rec in records:
         if rec.executed != "replay" or rec.captured_split == rec.replay_split:
             continue
         for i, (cap, rep) in enumerate(zip(rec.captured_split, rec.replay_split, strict=True)):
             if cap != rep:
-                return _fail(name, f"rank {rec.rank} microbatch {i}: captured requests "
+                return failed(f"rank {rec.rank} microbatch {i}: captured requests "
                              f"[{cap[0]}:{cap[1]}] tokens [{cap[2]}:{cap[3]}], replay prepared "
                              f"requests [{rep[0]}:{rep[1]}] tokens [{rep[2]}:{rep[3]}]")
-    return _ok(name)
+    return held()
 
 
-def check_no_empty_region(records: Sequence[StepRecord]) -> Verdict:
+def check_no_empty_region(records: Sequence[StepRecord]) -> Judgement:
     """A FULL microbatched replay needs a real token in every region of every rank."""
-    name = "no_empty_region"
     for rec in records:
         plan = rec.plan
         if plan is None:
             continue
         empty = list(plan.empty_regions())
         if empty:
-            return _fail(name, f"rank {rec.rank} ({plan.real_tokens} real tokens) replays "
+            return failed(f"rank {rec.rank} ({plan.real_tokens} real tokens) replays "
                          f"{plan.desc.label()} with no real token in region(s) {empty}")
-    return _ok(name)
+    return held()
 
 
 def _first_difference(got: Rows, want: Rows) -> int | None:
@@ -169,31 +162,29 @@ def _first_difference(got: Rows, want: Rows) -> int | None:
     return None if len(got) == len(want) else min(len(got), len(want))
 
 
-def check_reference(records: Sequence[StepRecord], reference: ReferenceRows) -> Verdict:
+def check_reference(records: Sequence[StepRecord], reference: ReferenceRows) -> Judgement:
     """Real rows and per-request state equal the single-process reference (padding never
     leaks into them)."""
-    name = "matches_reference"
     if any(r.error is not None or r.injected_fault for r in records):
-        return _ok(name, "skipped: the step failed or had a fault injected")
+        return not_applicable("the step failed or had a fault injected")
     for rec in records:
         row = _first_difference(rec.outputs, reference.outputs[rec.rank])
         if row is not None:
-            return _fail(name, f"rank {rec.rank} output row {row} (of "
+            return failed(f"rank {rec.rank} output row {row} (of "
                          f"{len(reference.outputs[rec.rank])} real) differs from the reference")
         real_slots = len(reference.states[rec.rank]) - 1  # the last slot is scratch
         slot = _first_difference(rec.state[:real_slots], reference.states[rec.rank][:real_slots])
         if slot is not None:
-            return _fail(name, f"rank {rec.rank} state of request slot {slot} differs from the "
+            return failed(f"rank {rec.rank} state of request slot {slot} differs from the "
                          "reference")
-    return _ok(name)
+    return held()
 
 
-def check_routing(records: Sequence[StepRecord], reference: ReferenceRows) -> Verdict:
+def check_routing(records: Sequence[StepRecord], reference: ReferenceRows) -> Judgement:
     """Every rank received exactly the rows the reference routes to its experts: no row lost,
     duplicated, misrouted, and no padding row dispatched."""
-    name = "routing_provenance"
     if any(r.error is not None or r.injected_fault for r in records):
-        return _ok(name, "skipped: the step failed or had a fault injected")
+        return not_applicable("the step failed or had a fault injected")
     for rec in records:
         want = reference.routes[rec.rank]
         if rec.routes == want:
@@ -203,45 +194,18 @@ def check_routing(records: Sequence[StepRecord], reference: ReferenceRows) -> Ve
         what = (f"received {extra[0]} (source rank, token, expert) it should not" if extra
                 else f"never received {missing[0]}" if missing
                 else "received a row twice")
-        return _fail(name, f"rank {rec.rank} {what}")
-    return _ok(name)
+        return failed(f"rank {rec.rank} {what}")
+    return held()
 
 
-def check_thread_hygiene(records: Sequence[StepRecord]) -> Verdict:
+def check_thread_hygiene(records: Sequence[StepRecord]) -> Judgement:
     """After a step no microbatch thread is alive and no run is left pending."""
-    name = "thread_hygiene"
     for rec in records:
         if rec.threads_alive:
-            return _fail(name, f"rank {rec.rank}: threads {list(rec.threads_alive)} still alive")
+            return failed(f"rank {rec.rank}: threads {list(rec.threads_alive)} still alive")
         if rec.pending_run:
-            return _fail(name, f"rank {rec.rank}: a microbatched run is still pending")
-    return _ok(name)
-
-
-def check_step(records: Sequence[StepRecord | None], reference: ReferenceRows,
-               deadline_s: float, evidence: str = "") -> list[Verdict]:
-    verdicts = [check_liveness(records, deadline_s, evidence), check_errors(records)]
-    if any(r is None for r in records):
-        return verdicts
-    checks: list[Callable[[], Verdict]] = [
-        lambda: check_agreement(records),
-        lambda: check_fingerprints(records),
-        lambda: check_replay_split(records),
-        lambda: check_no_empty_region(records),
-        lambda: check_reference(records, reference),
-        lambda: check_routing(records, reference),
-        lambda: check_thread_hygiene(records),
-        *(lambda check=check: check(records) for check in execution.STEP_CHECKS),
-        *(lambda check=check: check(records) for check in vllm_exec.STEP_CHECKS),
-    ]
-    if reference.plans is not None and reference.base_plans is not None:
-        checks.append(lambda: check_differential_base(records, reference.base_plans,
-                                                      reference.plans))
-    if reference.plans is not None:
-        checks.append(lambda: check_differential(records, reference.plans))
-    if reference.spec_plans is not None:
-        checks.append(lambda: check_spec_decision(records, reference.spec_plans))
-    return verdicts + [check() for check in checks]
+            return failed(f"rank {rec.rank}: a microbatched run is still pending")
+    return held()
 
 
 def _decision_fields(plan: StepPlan) -> dict[str, object]:
@@ -254,9 +218,8 @@ def _decision_fields(plan: StepPlan) -> dict[str, object]:
 
 
 def check_differential(records: Sequence[StepRecord],
-                       reference: Sequence[StepPlan]) -> Verdict:
+                       reference: Sequence[StepPlan]) -> Judgement:
     """The system under test decided, field by field, what the harness's reference does."""
-    name = "differential"
     for rec, expected in zip(records, reference, strict=True):
         if rec.plan is None:
             continue
@@ -264,16 +227,15 @@ def check_differential(records: Sequence[StepRecord],
         wrong = [f"{field}: {got[field]} (reference: {want[field]})"
                  for field in got if got[field] != want[field]]
         if wrong:
-            return _fail(name, f"rank {rec.rank}: " + "; ".join(wrong))
-    return _ok(name)
+            return failed(f"rank {rec.rank}: " + "; ".join(wrong))
+    return held()
 
 
 def check_differential_base(records: Sequence[StepRecord], base: Sequence[StepPlan],
-                            reference: Sequence[StepPlan]) -> Verdict:
+                            reference: Sequence[StepPlan]) -> Judgement:
     """A patched vLLM changed no decision the unpatched one got right: where the base vLLM
     agrees with the harness's reference, the patched one must decide the same, field by
     field. Changes where the base was wrong are what a fix is for, and pass here."""
-    name = "differential_base"
     changed = 0
     for rec, was, want in zip(records, base, reference, strict=True):
         if rec.plan is None:
@@ -283,11 +245,11 @@ def check_differential_base(records: Sequence[StepRecord], base: Sequence[StepPl
             if got[field] == before[field]:
                 continue
             if before[field] == ref[field]:
-                return _fail(name, f"rank {rec.rank}: {field}: {got[field]} (base vllm: "
+                return failed(f"rank {rec.rank}: {field}: {got[field]} (base vllm: "
                              f"{before[field]}, reference: {ref[field]}): a decision the "
                              "unpatched vLLM got right")
             changed += 1
-    return _ok(name, f"{changed} field(s) changed where the base vllm was wrong"
+    return held(f"{changed} field(s) changed where the base vllm was wrong"
                if changed else "")
 
 
@@ -309,62 +271,14 @@ def _spec_fields(plan: StepPlan) -> list[tuple[str, object]]:
 
 
 def check_spec_decision(records: Sequence[StepRecord],
-                        expected: Sequence[StepPlan]) -> Verdict:
+                        expected: Sequence[StepPlan]) -> Judgement:
     """The harness decided, field by field, what docs/spec.md says for its own config
     (harness/check/spec_decision.py, which shares no code with the decision code)."""
-    name = "spec_decision"
     for rec, want_plan in zip(records, expected, strict=True):
         if rec.plan is None:
             continue
         for (field, got), (_, want) in zip(_spec_fields(rec.plan), _spec_fields(want_plan),
                                            strict=True):
             if got != want:
-                return _fail(name, f"rank {rec.rank}: {field}: {got} (spec: {want})")
-    return _ok(name)
-
-
-# -- startup ----------------------------------------------------------------------------------
-
-def check_startup(records: Sequence[StartupRecord | None], deadline_s: float) -> list[Verdict]:
-    """Capture finished everywhere, left no thread or pending run, and every graph it holds
-    recorded work and can be replayed by some legal batch."""
-    stuck = [r for r, rec in enumerate(records) if rec is None]
-    if stuck:
-        return [_fail("startup", f"ranks {stuck} did not finish capture within "
-                      f"{deadline_s:.1f} s")]
-    verdicts = []
-    failed = [rec for rec in records if rec.error is not None]
-    verdicts.append(_fail("startup", f"rank {failed[0].rank}: {failed[0].error.describe()}")
-                    if failed else _ok("startup"))
-    dirty = [rec for rec in records if rec.threads_alive or rec.pending_run]
-    verdicts.append(_fail("capture_hygiene", f"rank {dirty[0].rank}: threads "
-                          f"{list(dirty[0].threads_alive)} alive, pending run "
-                          f"{dirty[0].pending_run} after capture")
-                    if dirty else _ok("capture_hygiene"))
-    empty = [(rec.rank, g.label) for rec in records for g in rec.graphs if g.empty]
-    verdicts.append(_fail("graphs_capture_work", f"rank {empty[0][0]}: graph {empty[0][1]} "
-                          "recorded nothing (captured on a stream its work never ran on)")
-                    if empty else _ok("graphs_capture_work"))
-    first = records[0]
-    differ = [rec.rank for rec in records if rec.planned != first.planned]
-    if differ:
-        only = sorted(set(records[differ[0]].planned) ^ set(first.planned))
-        verdicts.append(_fail("capture_symmetry", f"ranks {differ} plan other graphs than rank "
-                              f"{first.rank} (they are captured with collectives inside, so "
-                              f"capture cannot line up): {', '.join(only) or 'another order'}"))
-    else:
-        verdicts.append(_ok("capture_symmetry"))
-    verdicts.append(_check_reachable(records))
-    return verdicts
-
-
-def _check_reachable(records: Sequence[StartupRecord]) -> Verdict:
-    """Every rank holds only graphs some legal batch replays (ranks may hold other tables)."""
-    for rec in records:
-        unreachable = [g for g in rec.graphs if g.reached_by is None]
-        if unreachable:
-            held = sum(g.bytes for g in unreachable)
-            names = ", ".join(g.label for g in unreachable)
-            return _fail("graphs_reachable", f"rank {rec.rank}: {len(unreachable)} graph(s) no "
-                         f"legal batch can replay, holding {held} bytes of buffers: {names}")
-    return _ok("graphs_reachable")
+                return failed(f"rank {rec.rank}: {field}: {got} (spec: {want})")
+    return held()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from harness.check.verdict import Verdict, _fail, _ok
+from harness.check.verdict import Judgement, failed, held, not_applicable
 from harness.config import CudaGraphMode
 from harness.history.records import StepRecord
 from harness.sut.slicing import region_bounds
@@ -17,38 +17,38 @@ def _ran(records: Sequence[StepRecord]) -> list[StepRecord]:
     return [r for r in records if r.plan is not None and r.error is None]
 
 
-def check_executes_plan(records: Sequence[StepRecord]) -> Verdict:
+def check_executes_plan(records: Sequence[StepRecord]) -> Judgement:
     """A FULL descriptor replays that very graph; any other plan runs eagerly, split as the
     plan splits it (a captured graph that is not found must not turn into an eager run); and
     the rank runs the tokens it padded to, an idle rank's dummy batch included (#26137)."""
-    name = "executes_plan"
     for rec in _ran(records):
         desc = rec.plan.desc
         ran_tokens = rec.ran_split[-1][3] if rec.ran_split else None
         if ran_tokens is not None and ran_tokens != max(rec.plan.num_tokens, 1):
             idle = " (idle: its dummy batch)" if rec.plan.real_tokens == 0 else ""
-            return _fail(name, f"rank {rec.rank}{idle} ran {ran_tokens} tokens "
+            return failed(f"rank {rec.rank}{idle} ran {ran_tokens} tokens "
                          f"({rec.executed}), not the {rec.plan.num_tokens} of its plan "
                          f"{desc.label()}")
         if desc.cg_mode is CudaGraphMode.FULL:
             if rec.executed == "replay" and rec.replayed != desc.label():
-                return _fail(name, f"rank {rec.rank} plans to replay {desc.label()} but "
+                return failed(f"rank {rec.rank} plans to replay {desc.label()} but "
                              f"replayed {rec.replayed}")
             if rec.executed != "replay":
-                return _fail(name, f"rank {rec.rank} plans to replay {desc.label()} but ran "
+                return failed(f"rank {rec.rank} plans to replay {desc.label()} but ran "
                              f"{rec.executed}: the graph was not found under its descriptor")
             continue
         want = "eager-microbatched" if desc.microbatched else "eager"
         if rec.executed != want:
-            return _fail(name, f"rank {rec.rank} plans {rec.plan.kind} ({desc.label()}) but "
+            return failed(f"rank {rec.rank} plans {rec.plan.kind} ({desc.label()}) but "
                          f"ran {rec.executed}")
-    return _ok(name)
+    return held()
 
 
-def check_eager_slices(records: Sequence[StepRecord]) -> Verdict:
+def check_eager_slices(records: Sequence[StepRecord]) -> Judgement:
     """A split step that replays no graph runs the rank's own requests: its slices tile the
     plan's regions and end at the plan's request count, padding no request (§2.4, §4.3)."""
-    name = "eager_slices"
+    if not any(rec.executed == "eager-microbatched" for rec in _ran(records)):
+        return not_applicable("no rank ran the step eagerly split")
     for rec in _ran(records):
         if rec.executed != "eager-microbatched":
             continue
@@ -56,40 +56,38 @@ def check_eager_slices(records: Sequence[StepRecord]) -> Verdict:
         want_tokens = list(region_bounds(plan.num_tokens, plan.desc.num_ubatches))
         got_tokens = [(s[2], s[3]) for s in rec.ran_split]
         if got_tokens != want_tokens:
-            return _fail(name, f"rank {rec.rank} ran token slices {got_tokens}, not the "
+            return failed(f"rank {rec.rank} ran token slices {got_tokens}, not the "
                          f"regions {want_tokens} of its {plan.num_tokens} padded tokens")
         last = rec.ran_split[-1]
         if last[1] != plan.num_reqs:
-            return _fail(name, f"rank {rec.rank} (no graph replayed) ran microbatch slices "
+            return failed(f"rank {rec.rank} (no graph replayed) ran microbatch slices "
                          f"padded to {last[1]} requests, not its own {plan.num_reqs}: "
                          f"slices {list(rec.ran_split)}")
-    return _ok(name)
+    return held()
 
 
-def check_split_consensus(records: Sequence[StepRecord]) -> Verdict:
+def check_split_consensus(records: Sequence[StepRecord]) -> Judgement:
     """Either every rank splits the step k ways or none does (invariant 3): a rank that
     leaves the split alone meets its peers' extra all-to-alls with nothing."""
-    name = "split_consensus"
     # The microbatches a rank ran; a rank that failed mid-step, those its plan split into.
     ways = {r.rank: len(r.ran_split) if r.error is None and r.ran_split
             else r.plan.desc.num_ubatches for r in records if r.plan is not None}
     split = [rank for rank, n in ways.items() if n > 1]
     whole = [rank for rank, n in ways.items() if n == 1]
     if not split or not whole:
-        return _ok(name)
+        return held()
     k = max(ways.values())
     # Name the smaller group (the unsplit one on a tie): that is the rank that left alone.
     if len(split) < len(whole):
-        return _fail(name, f"ranks {split} split the step {k} ways alone; ranks {whole} run "
+        return failed(f"ranks {split} split the step {k} ways alone; ranks {whole} run "
                      "it unsplit")
-    return _fail(name, f"ranks {whole} opted out of microbatching alone: they run the step "
+    return failed(f"ranks {whole} opted out of microbatching alone: they run the step "
                  f"unsplit while ranks {split} split it {k} ways")
 
 
-def check_dispatch_capacity(records: Sequence[StepRecord]) -> Verdict:
+def check_dispatch_capacity(records: Sequence[StepRecord]) -> Judgement:
     """Every microbatch a rank runs (the whole step when unsplit) fits the all-to-all
     buffers it has: they are sized for the largest batch, not for one microbatch of it."""
-    name = "dispatch_capacity"
     for rec in records:
         if rec.plan is None or rec.a2a_tokens_per_rank is None:
             continue
@@ -98,12 +96,8 @@ def check_dispatch_capacity(records: Sequence[StepRecord]) -> Verdict:
                    else max(plan.num_tokens, 1))  # an idle rank still sends one padding token
         if largest > rec.a2a_tokens_per_rank:
             what = "a microbatch" if plan.regions else f"its {plan.kind} step"
-            return _fail(name, f"rank {rec.rank} runs {what} of {largest} tokens through "
+            return failed(f"rank {rec.rank} runs {what} of {largest} tokens through "
                          f"all-to-all buffers that take {rec.a2a_tokens_per_rank} tokens "
                          "per rank")
-    return _ok(name)
+    return held()
 
-
-STEP_CHECKS = (check_executes_plan, check_eager_slices, check_split_consensus,
-               check_dispatch_capacity)
-NAMES = ("executes_plan", "eager_slices", "split_consensus", "dispatch_capacity")

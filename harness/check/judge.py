@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.check.checkers import Verdict, check_startup, check_step
 from harness.check.reference import reference_rows
+from harness.check.registry import check_startup, check_step
+from harness.check.verdict import Verdict
 from harness.history.records import StartupRecord, StepRecord
 from harness.history.scenario_history import ScenarioHistory
 from harness.scenario import Scenario
@@ -32,6 +33,9 @@ class ScenarioResult:
     @property
     def ok(self) -> bool:
         return all(v.ok for v in self.startup_verdicts) and all(s.ok for s in self.steps)
+
+    def verdicts(self) -> list[Verdict]:
+        return [*self.startup_verdicts, *(v for step in self.steps for v in step.verdicts)]
 
     def failed_verdicts(self) -> list[tuple[int | None, Verdict]]:
         out = [(None, v) for v in self.startup_verdicts if not v.ok]

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from harness.check.verdict import Verdict, _fail, _ok
+from harness.check.verdict import Judgement, failed, held, not_applicable
 from harness.errors import ErrorOrigin
 from harness.history.records import StepRecord
 
 # A microbatch that fails with one of these waited on, or was released by, another's failure.
 CONSEQUENCES = (ErrorOrigin.INJECTED, ErrorOrigin.KILLED, ErrorOrigin.TIMEOUT,
                 ErrorOrigin.LOST, ErrorOrigin.HANG, ErrorOrigin.ABORTED)
+HARNESS_RAN = "the harness's own execution ran the step"
 
 
 def microbatch_crash(records: Sequence[StepRecord | None]) -> str | None:
@@ -28,20 +29,22 @@ def microbatch_crash(records: Sequence[StepRecord | None]) -> str | None:
     return None
 
 
-def check_ubatching_state(records: Sequence[StepRecord]) -> Verdict:
+def check_ubatching_state(records: Sequence[StepRecord]) -> Judgement:
     """vLLM's ubatching globals (_CURRENT_CONTEXTS, _THREAD_ID_TO_CONTEXT) and its forward
     context are clear after every step, failed or not: the next step starts from nothing."""
-    name = "ubatching_state"
+    if all(rec.vllm_exec is None for rec in records):
+        return not_applicable(HARNESS_RAN)
     for rec in records:
         if rec.vllm_exec is not None and rec.vllm_exec.leftovers:
-            return _fail(name, f"rank {rec.rank} after step {rec.step}: "
+            return failed(f"rank {rec.rank} after step {rec.step}: "
                          + "; ".join(rec.vllm_exec.leftovers))
-    return _ok(name)
+    return held()
 
 
-def check_recv_before_read(records: Sequence[StepRecord]) -> Verdict:
+def check_recv_before_read(records: Sequence[StepRecord]) -> Judgement:
     """Every receive's hook ran before its receiver read the buffer (docs/spec.md §5.2)."""
-    name = "recv_before_read"
+    if all(rec.vllm_exec is None for rec in records):
+        return not_applicable(HARNESS_RAN)
     for rec in records:
         if rec.vllm_exec is None:
             continue
@@ -50,9 +53,7 @@ def check_recv_before_read(records: Sequence[StepRecord]) -> Verdict:
             if event.kind == "hook":
                 hooked.add(event.receive)
             elif event.kind == "read" and event.receive not in hooked:
-                return _fail(name, f"rank {rec.rank} microbatch {event.ubatch} read its "
+                return failed(f"rank {rec.rank} microbatch {event.ubatch} read its "
                              f"{event.what} receive #{event.receive} before its hook ran")
-    return _ok(name)
+    return held()
 
-
-STEP_CHECKS = (check_ubatching_state, check_recv_before_read)

@@ -55,7 +55,8 @@ def add_fuzz_command(sub) -> argparse.ArgumentParser:
                         "shrink it and print how to replay it")
     fz.add_argument("--variant", default="reference", metavar="NAME",
                     help=f"the system to fuzz: {', '.join(VARIANTS)}; or all (default "
-                    "reference)")
+                    "reference); with --sut vllm --exec vllm one hunt: vllm-exec-hang or "
+                    "vllm-exec-crash (default both)")
     fz.add_argument("--sut", choices=["harness", "vllm"], default="harness",
                     help="whose decision code the ranks run: the harness's (default) or the "
                     "installed vLLM's (held to the harness's reference by `differential`)")
@@ -119,16 +120,22 @@ def chosen_variants(args: argparse.Namespace) -> list[Variant]:
 def exec_variants(args: argparse.Namespace) -> list[Variant]:
     """`--exec vllm`: with `--sut vllm` a hunt for each failure class of vLLM's microbatch
     threads under faults; with the harness's decisions, a fault-free search."""
-    if args.variant not in ("reference", "all"):
+    hunts = ("vllm-exec-hang", "vllm-exec-crash")
+    if args.variant not in ("reference", "all", *hunts):
         raise ConfigError("variant", "--exec vllm fuzzes vLLM's execution code as it is; "
-                          "variants plant bugs in the harness's own code")
+                          "variants plant bugs in the harness's own code (with --sut vllm "
+                          f"one hunt may be named: {', '.join(hunts)})")
+    if args.variant in hunts and args.sut != "vllm":
+        raise ConfigError("variant", f"{args.variant} hunts vLLM's failure handling under "
+                          "faults: it needs --sut vllm")
     from harness.vllm_sut.available import unavailable_reason, vllm_version
 
     if vllm_version() is None:
         raise ConfigError("execution", f"vllm cannot be used here: {unavailable_reason()} "
                           "(make test-vllm installs it)")
     if args.sut == "vllm":
-        return [EXEC_VARIANTS["vllm-exec-hang"], EXEC_VARIANTS["vllm-exec-crash"]]
+        chosen = hunts if args.variant in ("reference", "all") else (args.variant,)
+        return [EXEC_VARIANTS[name] for name in chosen]
     return [EXEC_VARIANTS["vllm-exec"]]
 
 

@@ -222,8 +222,9 @@ class _Search:
 
 def _example_entry(search: _Search, scenario: Scenario, result: ScenarioResult,
                    seconds: float) -> ExampleEntry:
-    verdicts = [VerdictEntry(None, v.checker, v.ok, v.detail) for v in result.startup_verdicts]
-    verdicts += [VerdictEntry(i, v.checker, v.ok, v.detail)
+    verdicts = [VerdictEntry(None, v.checker, v.ok, v.detail, v.applied)
+                for v in result.startup_verdicts]
+    verdicts += [VerdictEntry(i, v.checker, v.ok, v.detail, v.applied)
                  for i, step in enumerate(result.steps) for v in step.verdicts]
     return ExampleEntry(search.run_id, search.variant.name, search.world, scenario.to_dict(),
                         result.ok, tuple(verdicts), round(seconds, 4))

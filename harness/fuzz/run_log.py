@@ -31,6 +31,11 @@ class VerdictEntry:
     checker: str
     ok: bool
     detail: str = ""
+    applied: bool = True  # False: "not applicable" (logs written before this field: held)
+
+    @property
+    def outcome(self) -> str:
+        return "failed" if not self.ok else "held" if self.applied else "not applicable"
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 A finding fails by `finding_passes`: found on the reference, or a planted bug missed. Each
 checker that failed an example gets a case too; it fails only on the reference, where no
-checker may fail.
+checker may fail. A checker that applied to none of a variant's examples is a skipped case.
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ def _suite(variant: str, findings: list[Finding], examples: list[Example]) -> ET
         suite.append(_finding_case(finding, several))
     for checker, failing in sorted(_failing_by_checker(examples).items()):
         suite.append(_checker_case(variant, checker, failing))
+    for checker in _never_applied(examples):
+        suite.append(_skipped_case(variant, checker, len(examples)))
     _set_counts(suite, suite.findall("testcase"))
     return suite
 
@@ -106,14 +108,34 @@ def _checker_case(variant: str, checker: str, failing: list[Example]) -> ET.Elem
     return case
 
 
+def _never_applied(examples: list[Example]) -> list[str]:
+    """Checkers that judged none of the examples (each example ran them all, applicable or
+    not): shown as skipped, not as passed."""
+    seen: dict[str, bool] = {}
+    for example in examples:
+        for v in example.entry.verdicts:
+            seen[v.checker] = seen.get(v.checker, False) or v.applied
+    return [checker for checker, applied in seen.items() if not applied]
+
+
+def _skipped_case(variant: str, checker: str, examples: int) -> ET.Element:
+    case = ET.Element("testcase", classname=f"examples.{variant}",
+                      name=f"examples[{variant}].{checker}", time="0.000")
+    ET.SubElement(case, "skipped", message=f"not applicable in any of the {examples} examples")
+    return case
+
+
 def _set_counts(element: ET.Element, children: list[ET.Element]) -> None:
     if element.tag == "testsuites":
         tests = sum(int(c.get("tests", "0")) for c in children)
         failures = sum(int(c.get("failures", "0")) for c in children)
+        skipped = sum(int(c.get("skipped", "0")) for c in children)
     else:
         tests, failures = len(children), sum(c.find("failure") is not None for c in children)
+        skipped = sum(c.find("skipped") is not None for c in children)
     seconds = sum(float(c.get("time", "0")) for c in children)
     element.set("tests", str(tests))
     element.set("failures", str(failures))
     element.set("errors", "0")
+    element.set("skipped", str(skipped))
     element.set("time", f"{seconds:.3f}")

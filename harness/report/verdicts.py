@@ -1,12 +1,13 @@
 """Every verdict of every example as one JSON document, plus the findings.
 
     {"verdicts": [{"variant", "world", "run", "scenario_name", "tokens", "step", "checker",
-                   "ok", "detail"}],
+                   "ok", "outcome", "detail"}],
      "findings": [{"variant", "world", "run", "outcome", "passes", "found", "checker",
                    "scenario_name", "tokens", "examples", "seconds", "replay", "blob",
                    "scenario"}]}
 
-`tokens` is per step, per rank token counts; `step` null is a start-up (capture) verdict.
+`tokens` is per step, per rank token counts; `step` null is a start-up (capture) verdict;
+`outcome` is "held", "failed" or "not applicable" (`ok` is true for both but "failed").
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ def verdict_rows(example: Example) -> list[dict[str, Any]]:
     tokens = step_tokens(example.scenario)
     return [{"variant": entry.variant, "world": entry.world, "run": entry.run,
              "scenario_name": example.scenario.name, "tokens": tokens, "step": v.step,
-             "checker": v.checker, "ok": v.ok, "detail": v.detail}
+             "checker": v.checker, "ok": v.ok, "outcome": v.outcome,
+             "detail": v.detail}
             for v in entry.verdicts]
 
 
