@@ -45,7 +45,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _multi_node_can_run(config: pytest.Config) -> None:
-    from harness.world.nodes import node_spec
+    from harness.world.multinode.nodes import node_spec
 
     if config.getoption("--world") != "torchrun":
         raise pytest.UsageError("--nnodes: a multi-node world is a torchrun world; add "
@@ -67,7 +67,7 @@ _WORLD_LINE = pytest.StashKey[str]()  # how the asked-for world runs, for pytest
 def _asked_world_can_run(config: pytest.Config) -> str:
     """A world that was asked for and cannot run here ends the session with one line: a
     suite that skipped what it was asked to run must not pass. Returns the layout line."""
-    from harness.world.backends import check_backend
+    from harness.world.torchrun.backends import check_backend
 
     world = config.getoption("--world")
     backend, device = config.getoption("--backend"), config.getoption("--device")
@@ -166,13 +166,13 @@ def _new_multi_node_world(config: pytest.Config, timeouts):
     nnodes, per_node = config.getoption("--nnodes"), config.getoption("--nproc")
     endpoint = config.getoption("--rdzv-endpoint")
     if endpoint is None:
-        from harness.world.loopback import LoopbackMultiNodeWorld
+        from harness.world.multinode.loopback import loopback_multi_node_world
 
-        return LoopbackMultiNodeWorld(nnodes, per_node, timeouts)
-    from harness.world.multinode import MultiNodeWorld
-    from harness.world.nodes import node_spec
+        return loopback_multi_node_world(nnodes, per_node, timeouts)
+    from harness.world.multinode.nodes import node_spec
+    from harness.world.multinode.world import multi_node_world
 
-    return MultiNodeWorld(node_spec(nnodes, 0, endpoint), per_node, "gloo", timeouts)
+    return multi_node_world(node_spec(nnodes, 0, endpoint), per_node, "gloo", timeouts)
 
 
 @pytest.fixture(scope="session")

@@ -76,3 +76,13 @@ class QueryLenBound(enum.Enum):
     # The slip: the rank's own bound, so a decode rank picks a varlen decode graph while a
     # rank with a prefill cannot, and the ranks pad to different token counts.
     RANK_LOCAL = "rank-local"
+
+
+class SwitchToCompute(enum.Enum):
+    """How vLLM's high-throughput all-to-all returns to the compute stream (execution vllm;
+    deepep_ht.py's pattern, docs/spec.md §11)."""
+
+    SYNC = "sync"  # dbo_switch_to_compute_sync: compute waits on the comm stream's event
+    # The slip: dbo_switch_to_compute, no event, so compute reads the receive unordered
+    # (right rows on CPU, a race on a GPU).
+    NO_WAIT = "no-wait"

@@ -13,8 +13,10 @@ from typing import Any, NoReturn
 from harness.batch import RankBatch, validate_batches
 from harness.check.agreement import first_disagreement
 from harness.check.exhaustive import explore
-from harness.check.judge import StepResult, judge
-from harness.check.verdict import Outcome
+from harness.check.history_file import SavedRun, check_writable, save_run
+from harness.check.judge import judge
+from harness.check.reference import reference_rows
+from harness.cli_check import add_check_command
 from harness.cli_config import (
     add_config_flags,
     add_timeout_flags,
@@ -22,14 +24,17 @@ from harness.cli_config import (
     int_list,
     timeouts_from_args,
 )
-from harness.cli_vllm import (
-    add_vllm_flags,
-    scenario_with_vllm_code,
-    tested_vllm,
-    tested_vllm_json,
-    vllm_fields,
+from harness.cli_result import (
+    EXIT_BAD_INPUT,
+    EXIT_FOUND,
+    EXIT_OK,
+    print_tested,
+    show_result,
+    tested_of,
 )
-from harness.config import HarnessConfig, check_seconds
+from harness.cli_vllm import add_vllm_flags, scenario_with_vllm_code, tested_vllm_json, vllm_fields
+from harness.config import HarnessConfig
+from harness.config_values import check_seconds
 from harness.errors import ConfigError
 from harness.fuzz.command import add_fuzz_command
 from harness.history.decision import StepPlan
@@ -45,9 +50,7 @@ from harness.world import (
     open_world,
     world_for,
 )
-from harness.world.threads import RankFailure, RankHang, ThreadWorld
-
-EXIT_OK, EXIT_FOUND, EXIT_BAD_INPUT = 0, 1, 2
+from harness.world.sim.threads import RankFailure, RankHang, ThreadWorld
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -136,65 +139,31 @@ def cmd_decide(args: argparse.Namespace) -> int:
 
 
 def _print_tested(config: HarnessConfig, note: str = "") -> None:
-    for line in (note, tested_vllm(config)):
-        if line:
-            print(line)
-
-
-VERDICT_MARKS = {Outcome.HELD: "ok  ", Outcome.FAILED: "FAIL", Outcome.NOT_APPLICABLE: "n/a "}
-
-
-def _verdict_lines(verdicts) -> list[str]:
-    return [f"  {VERDICT_MARKS[v.outcome]} {v.checker}" + (f": {v.detail}" if v.detail else "")
-            for v in verdicts]
-
-
-def _step_title(step: StepResult) -> str:
-    kinds = sorted({r.executed for r in step.records if r is not None})
-    return "/".join(kinds) or "no rank finished"
+    print_tested(tested_of(config, note))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     scenario, note = scenario_with_vllm_code(load_scenario(args.scenario), args)
     timeouts = timeouts_from_args(args)
     check_execution_backend(scenario.config.execution.value, args.backend, args.device)
+    if args.save_history:
+        check_writable(args.save_history)
     world = open_world(world_for(args.world, scenario.config), scenario.config.dp_size,
                        args.backend, timeouts, args.device,
                        preload_vllm=scenario.config.uses_vllm)
     try:
-        result = judge(world.run(scenario))
+        history = world.run(scenario)
+        references = tuple(reference_rows(history.scenario))
+        result = judge(history, references)
     finally:
         leftover = world.close()
     if leftover:
         print(f"error: processes of the world outlived it: {leftover}", file=sys.stderr)
-    if args.json:
-        print(json.dumps({
-            "ok": result.ok,
-            "startup": [v.to_dict() for v in result.startup_verdicts],
-            "steps": [{"verdicts": [v.to_dict() for v in step.verdicts]}
-                      for step in result.steps],
-            "scenario": None if result.ok else json.loads(scenario.to_json()),
-            "vllm": tested_vllm_json(scenario.config)}))
-    else:
-        _print_tested(scenario.config, note)
-        print(f"scenario {scenario.name!r}: {scenario.config.dp_size} ranks, "
-              f"{len(scenario.steps)} steps")
-        print("startup (capture):")
-        print("\n".join(_verdict_lines(result.startup_verdicts)))
-        for i, step in enumerate(result.steps):
-            print(f"step {i} ({_step_title(step)}):")
-            print("\n".join(_verdict_lines(step.verdicts)))
-        if len(result.steps) < len(scenario.steps):
-            print(f"stopped after step {len(result.steps) - 1}: a rank failed or hung"
-                  if result.steps else "no step ran: capture failed")
-        if result.ok:
-            unjudged = sum(not v.applied for v in result.verdicts())
-            print("all checkers hold" + (f" ({unjudged} verdicts not applicable: n/a above)"
-                                         if unjudged else ""))
-        else:
-            print("FAILED; the scenario, to replay with `python -m harness run --scenario FILE`:")
-            print(scenario.to_json())
-    return EXIT_OK if result.ok else EXIT_FOUND
+    tested = tested_of(scenario.config, note)
+    code = show_result(result, tested, args.json)
+    if args.save_history:  # after the verdicts, so a file that cannot be written loses none
+        save_run(args.save_history, SavedRun(history, references, tested))
+    return code
 
 
 DEFAULT_MAX_TOKENS = 512
@@ -286,7 +255,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print one JSON object")
     add_timeout_flags(run, DEFAULT_TIMEOUTS)
     add_vllm_flags(run, sut_flag=False)
+    run.add_argument("--save-history", metavar="OUT.json",
+                     help="also write the run's whole history and references to this file, "
+                     "for `python -m harness check --history` to judge again")
     run.set_defaults(func=cmd_run)
+    add_check_command(sub)
 
     exhaustive = sub.add_parser("exhaustive", help="every uniform-decode token vector of a "
                                 "small world through the decision layer and structural checkers")

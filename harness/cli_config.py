@@ -9,11 +9,11 @@ from typing import Any
 
 from harness.config import (
     HarnessConfig,
-    check_seconds,
     config_kwargs,
     load_config_file,
     ubatching_fields,
 )
+from harness.config_values import check_seconds
 from harness.errors import ConfigError
 from harness.timeouts import Timeouts
 

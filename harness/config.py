@@ -7,8 +7,6 @@ has a counterpart there (docs/spec.md §0); the variant switches select known bu
 from __future__ import annotations
 
 import enum
-import math
-import threading
 from dataclasses import dataclass, fields, replace
 from functools import cached_property
 from pathlib import Path
@@ -22,6 +20,7 @@ from harness.bug_switches import (
     EagerSlices,
     Guard,
     QueryLenBound,
+    SwitchToCompute,
     Twins,
     UbatchVote,
 )
@@ -89,25 +88,6 @@ class Execution(enum.Enum):
 
 # The DP sync all-reduces token and request counts as int32, as vLLM does.
 INT32_MAX = 2**31 - 1
-# Thread waits and sleeps overflow past threading.TIMEOUT_MAX (about 292 years), and a world
-# waits up to 4x a step deadline: no one bound may exceed an eighth of it.
-MAX_WAIT_S = threading.TIMEOUT_MAX / 8
-
-
-def check_seconds(field: str, value: Any, *, zero_ok: bool = False,
-                  limit: float | None = MAX_WAIT_S) -> float:
-    """A duration in seconds: a finite number, positive (or zero), at most `limit`."""
-    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
-        raise ConfigError(field, f"must be a finite number of seconds, got {value!r}")
-    if value < 0 or (value == 0 and not zero_ok):
-        kind = "non-negative" if zero_ok else "positive"
-        raise ConfigError(field, f"must be {kind}, got {value!r}")
-    if limit is not None and value > limit:
-        raise ConfigError(field, f"is {value!r}; at most {limit:.0f} s: thread waits overflow "
-                          "past threading.TIMEOUT_MAX and a world waits up to 4x a deadline")
-    return float(value)
-
-
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -164,6 +144,8 @@ class HarnessConfig:
     ubatch_vote: UbatchVote = UbatchVote.SYNCED
     dummy_padding: DummyPadding = DummyPadding.AGREED
     query_len_bound: QueryLenBound = QueryLenBound.SYNCED
+    # vLLM's execution, high throughput: whether compute waits for the all-to-all (§11).
+    switch_to_compute: SwitchToCompute = SwitchToCompute.SYNC
     # The GPU suite's world of one rank (one GPU): microbatching with dp_size 1, whose
     # all-to-all is a size-one NCCL op. Allowed nowhere else.
     single_rank_gpu_world: bool = False
@@ -178,7 +160,8 @@ class HarnessConfig:
                                ("capture_key", CaptureKey), ("eager_slices", EagerSlices),
                                ("a2a_buffers", A2ABuffers), ("ubatch_vote", UbatchVote),
                                ("dummy_padding", DummyPadding),
-                               ("query_len_bound", QueryLenBound)):
+                               ("query_len_bound", QueryLenBound),
+                               ("switch_to_compute", SwitchToCompute)):
             object.__setattr__(self, name, parse_enum(enum_cls, getattr(self, name), name))
         if self.capture_sizes is not None:
             if not isinstance(self.capture_sizes, list | tuple):
@@ -251,6 +234,10 @@ class HarnessConfig:
                 and self.cudagraph_mode is not CudaGraphMode.NONE):
             raise ConfigError("all2all_backend", "deepep_high_throughput with dp_size > 1 "
                               "forces cudagraph_mode NONE (its all-to-all cannot be captured)")
+        if (self.switch_to_compute is not SwitchToCompute.SYNC
+                and self.execution is not Execution.VLLM):
+            raise ConfigError("switch_to_compute", "switches vLLM's execution code: it needs "
+                              "execution vllm")
         if self.single_rank_gpu_world and self.dp_size != 1:
             raise ConfigError("single_rank_gpu_world", f"means one rank, not {self.dp_size}")
         if self.sut is DecisionSystem.VLLM:
@@ -359,7 +346,8 @@ class HarnessConfig:
 
 
 _OMITTED_WHEN_DEFAULT = ("vllm_src", "vllm_patches", "differential_against_base",
-                         "decode_query_len", "varlen_decode", "query_len_bound", "execution")
+                         "decode_query_len", "varlen_decode", "query_len_bound", "execution",
+                         "switch_to_compute")
 
 
 def config_kwargs(data: dict[str, Any]) -> dict[str, Any]:

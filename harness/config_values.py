@@ -4,9 +4,29 @@ default capture-size ladder, and the speculative-decoding fields (docs/spec.md Â
 from __future__ import annotations
 
 import enum
+import math
+import threading
 from typing import Any
 
 from harness.errors import ConfigError
+
+# Thread waits and sleeps overflow past threading.TIMEOUT_MAX (about 292 years), and a world
+# waits up to 4x a step deadline: no one bound may exceed an eighth of it.
+MAX_WAIT_S = threading.TIMEOUT_MAX / 8
+
+
+def check_seconds(field: str, value: Any, *, zero_ok: bool = False,
+                  limit: float | None = MAX_WAIT_S) -> float:
+    """A duration in seconds: a finite number, positive (or zero), at most `limit`."""
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+        raise ConfigError(field, f"must be a finite number of seconds, got {value!r}")
+    if value < 0 or (value == 0 and not zero_ok):
+        kind = "non-negative" if zero_ok else "positive"
+        raise ConfigError(field, f"must be {kind}, got {value!r}")
+    if limit is not None and value > limit:
+        raise ConfigError(field, f"is {value!r}; at most {limit:.0f} s: thread waits overflow "
+                          "past threading.TIMEOUT_MAX and a world waits up to 4x a deadline")
+    return float(value)
 
 
 def parse_enum(enum_cls: type[enum.Enum], value: Any, field_name: str) -> enum.Enum:

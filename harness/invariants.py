@@ -32,6 +32,7 @@ class CheckerName(StrEnum):
     # steps on vLLM's own execution code (harness/check/vllm_exec.py)
     UBATCHING_STATE = "ubatching_state"
     RECV_BEFORE_READ = "recv_before_read"
+    STREAM_ORDER = "stream_order"  # harness/check/stream_order.py
     # decisions against another statement of them
     DIFFERENTIAL_BASE = "differential_base"
     DIFFERENTIAL = "differential"

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.batch import RankBatch, validate_batches
-from harness.config import Execution, HarnessConfig, check_seconds, config_kwargs
+from harness.config import Execution, HarnessConfig, config_kwargs
+from harness.config_values import check_seconds
 from harness.data_file import read_data_file
 from harness.errors import ConfigError
 from harness.faults import SLEEPING_FAULTS, VLLM_EXEC_FAULTS, Fault, FaultKind

@@ -7,6 +7,25 @@ from dataclasses import dataclass
 from harness.errors import ConfigError
 
 DEVICE_MARGIN_S = 0.5
+# Past a bound the waited-for side enforces itself, for its message or its exit to reach the
+# waiting side on a loaded machine: the waiter never calls a hang the other side would name.
+DRIVER_SLACK_S = 5.0
+
+
+def gloo_init_wait_s(collective_s: float) -> float:
+    """Thread ranks building their gloo groups (a rendezvous under the collective bound)."""
+    return collective_s + DRIVER_SLACK_S
+
+
+def thread_run_wait_s(collective_s: float) -> float:
+    """Thread ranks running a call of their own (a constructor, one exchange) with no bound
+    given: two collectives."""
+    return 2 * collective_s + DRIVER_SLACK_S
+
+
+def microbatch_join_wait_s(hang_s: float) -> float:
+    """A run's microbatch threads joining: each waits at most a hang bound for its turn."""
+    return hang_s + DRIVER_SLACK_S
 
 
 @dataclass(frozen=True)
@@ -28,6 +47,29 @@ class Timeouts:
     @property
     def startup_deadline_s(self) -> float:
         return 4 * self.step_deadline_s
+
+    @property
+    def step_wait_s(self) -> float:
+        """The driver's wait for a rank's step (its records, or its thread)."""
+        return self.step_deadline_s + DRIVER_SLACK_S
+
+    @property
+    def gloo_init_wait_s(self) -> float:
+        return gloo_init_wait_s(self.collective_s)
+
+    @property
+    def thread_run_wait_s(self) -> float:
+        return thread_run_wait_s(self.collective_s)
+
+    @property
+    def sandbox_startup_wait_s(self) -> float:
+        """The sandboxed sim world's first reply to a scenario: its groups (gloo init), its
+        runtimes (a thread run) and their capture (the start-up deadline), in that order."""
+        return self.startup_deadline_s + 3 * self.collective_s + 2 * DRIVER_SLACK_S
+
+    def batch_wait_s(self, steps: int) -> float:
+        """The driver's wait for a batched scenario's records: every step's deadline."""
+        return steps * self.step_deadline_s + DRIVER_SLACK_S
 
     def with_device_fence(self) -> Timeouts:
         """The bounds of a world whose ranks wait for their GPU work after each step (NCCL):

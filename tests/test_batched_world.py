@@ -14,7 +14,7 @@ from harness.check.judge import judge
 from harness.check.stream import judge_stream
 from harness.scenario import load_scenario, scenario_from_dict
 from harness.timeouts import Timeouts
-from harness.world.torchrun import TorchrunWorld
+from harness.world.torchrun.world import TorchrunWorld
 
 pytestmark = pytest.mark.dist
 

@@ -11,7 +11,7 @@ from harness.runtime.comm import CollectiveLog, all_reduce_sum
 from harness.scenario import scenario_from_dict
 from harness.sut.dp_sync import NUM_ROWS, sync_dp
 from harness.sut.step_plan import graph_table_for
-from harness.world.sim import SimWorld
+from harness.world.sim.world import SimWorld
 
 
 class DoneWork:

@@ -18,9 +18,9 @@ from scenario_width import with_dp_size
 
 from harness.check.judge import judge
 from harness.scenario import load_scenario, scenario_from_dict
-from harness.world.control_server import HANDSHAKE_TIMEOUT_S, ControlServer
-from harness.world.torchrun import TorchrunWorld
-from harness.world.wire import new_control_key
+from harness.world.channel.control_server import HANDSHAKE_TIMEOUT_S, ControlServer
+from harness.world.channel.wire import new_control_key
+from harness.world.torchrun.world import TorchrunWorld
 
 pytestmark = pytest.mark.dist
 

@@ -12,7 +12,7 @@ from harness.history.records import StepRecord
 from harness.history.step_error import StepError
 from harness.scenario import scenario_from_dict
 from harness.world.evidence import fatal_error, last_collective
-from harness.world.torchrun import _lost_error
+from harness.world.torchrun.collect import _lost_error
 
 SCENARIO = scenario_from_dict({"steps": [{"ranks": [4, 8]}]})
 

@@ -11,8 +11,8 @@ from harness.errors import ConfigError
 from harness.runtime.comm import CollectiveTimeout, wait_polled
 from harness.runtime.device_fence import DeviceFence, DeviceWedged
 from harness.timeouts import DEVICE_MARGIN_S, Timeouts
-from harness.world.backends import check_backend
-from harness.world.gpus import GpuLayout, shared_gpu_environment
+from harness.world.torchrun.backends import check_backend
+from harness.world.torchrun.gpus import GpuLayout, shared_gpu_environment
 
 
 class Work:

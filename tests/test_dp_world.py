@@ -14,7 +14,7 @@ from harness.config import HarnessConfig
 from harness.gen.strategies import configs, steps
 from harness.runtime.comm import CollectiveTimeout, all_reduce_sum
 from harness.sut.step_plan import decide_on_rank, plan_without_world
-from harness.world.threads import RankFailure, RankHang, ThreadWorld, run_in_threads
+from harness.world.sim.threads import RankFailure, RankHang, ThreadWorld, run_in_threads
 
 pytestmark = pytest.mark.dist
 

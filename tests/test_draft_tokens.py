@@ -16,7 +16,6 @@ from harness.batch import RankBatch
 from harness.check.agreement import first_disagreement
 from harness.check.checkers import check_differential, check_spec_decision
 from harness.check.judge import judge
-from harness.check.spec_decision import graph_table, spec_plans
 from harness.config import CudaGraphMode, HarnessConfig
 from harness.errors import ConfigError
 from harness.fuzz.engine import FUZZ_TIMEOUTS, Budget, fuzz
@@ -24,10 +23,11 @@ from harness.fuzz.variants import VARIANTS
 from harness.gen.strategies import draft_batches, fuzz_configs
 from harness.history.records import StepRecord
 from harness.scenario import RankStep, Scenario, load_scenario, scenario_from_dict
+from harness.spec.decision import graph_table, spec_plans
 from harness.sut.dp_sync import decide_from_matrix, gathered_rows
 from harness.sut.graph_table import GraphTable
 from harness.sut.step_plan import plan_without_world
-from harness.world.sim import SimWorld
+from harness.world.sim.world import SimWorld
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 

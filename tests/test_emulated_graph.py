@@ -16,7 +16,7 @@ from harness.runtime.graphs import CudaGraphs, make_graph_backend
 from harness.runtime.op_record import CollectiveCall
 from harness.runtime.process_group import as_process_group
 from harness.runtime.streams import CpuStreams, make_streams
-from harness.world.threads import RankFailure, ThreadWorld, run_in_threads
+from harness.world.sim.threads import RankFailure, ThreadWorld, run_in_threads
 
 
 def needs_cuda(test):
@@ -446,6 +446,7 @@ def test_a_real_cuda_graph_replays_inputs_refreshed_in_place():
     cap = streams.new_stream("cap")
     x, w = torch.ones(4, 4, device="cuda"), torch.eye(4, device="cuda")
     out = torch.zeros(4, 4, device="cuda")
+    streams.synchronize()  # the tensors are made on the default stream (CUDA sanitizer: a race)
     with streams.use(cap):  # warm cuBLAS up on the capture stream first
         out.copy_(torch.relu(x @ w))
     streams.synchronize()

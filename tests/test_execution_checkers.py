@@ -17,17 +17,17 @@ from harness.check.execution import (
 from harness.check.judge import judge
 from harness.check.reference import ReferenceRows
 from harness.check.registry import check_step
-from harness.check.spec_decision import spec_plans
 from harness.config import HarnessConfig, ubatching_fields
 from harness.errors import ConfigError
 from harness.history.decision import GraphDescriptor
 from harness.history.records import StepRecord
 from harness.model.mini_moe import a2a_tokens_per_rank
 from harness.scenario import load_scenario
+from harness.spec.decision import spec_plans
 from harness.sut.graph_manager import GraphManager
 from harness.sut.step_plan import plan_without_world
 from harness.timeouts import Timeouts
-from harness.world.sim import SimWorld
+from harness.world.sim.world import SimWorld
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 FAST = Timeouts(collective_s=1.0, hang_s=1.5, step_deadline_s=5.0)

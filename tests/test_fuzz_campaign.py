@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis.database import InMemoryExampleDatabase
+from hypothesis.database import ExampleDatabase, InMemoryExampleDatabase
 
 from harness.campaign.redis_server import LocalRedis, free_loopback_port, redis_server_binary
 from harness.cli import EXIT_BAD_INPUT, EXIT_FOUND, main
@@ -19,7 +19,7 @@ from harness.fuzz.database import parse_redis_url
 from harness.fuzz.engine import FUZZ_TIMEOUTS, Budget, database_key, fuzz
 from harness.fuzz.run_log import ExampleEntry, FindingEntry, read_log
 from harness.fuzz.variants import variant_named
-from harness.world.sim import SimWorld
+from harness.world.sim.world import SimWorld
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANT = variant_named("guard-merged")
@@ -137,6 +137,73 @@ def test_a_running_search_restarts_on_a_failure_another_process_saved(tmp_path):
     assert shared.found and shared.restarts == 1 and shared.found_by == "replay"
     # Found on the first world run after the save: runs 1-3 passed, run 4 and its rerun fail.
     assert shared.examples_to_detection == 5
+
+
+class _Recording(ExampleDatabase):
+    """A database that notes every key it was asked to read or write."""
+
+    def __init__(self, inner: ExampleDatabase) -> None:
+        super().__init__()
+        self.inner, self.read, self.written = inner, set(), set()
+
+    def fetch(self, key: bytes):
+        self.read.add(key)
+        return self.inner.fetch(key)
+
+    def save(self, key: bytes, value: bytes) -> None:
+        self.written.add(key)
+        self.inner.save(key, value)
+
+    def delete(self, key: bytes, value: bytes) -> None:
+        self.inner.delete(key, value)
+
+    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
+        self.written.add(dest)
+        self.inner.move(src, dest, value)
+
+
+def test_two_variants_keep_their_examples_apart_in_one_shared_database(tmp_path):
+    # One Hypothesis test serves every variant: unkeyed, the second would replay the first's.
+    shared, other, fixed = _Recording(InMemoryExampleDatabase()), variant_named("reference"), \
+        {"dp_size": 2}
+    with SimWorld(2, FUZZ_TIMEOUTS) as world:
+        found = fuzz(VARIANT, world.run, world="sim", dp_sizes=(2,), fixed=fixed,
+                     budget=Budget(seconds=60, shrink_seconds=2), database=shared, seed=1,
+                     scenario_dir=tmp_path)
+        written, shared.read = set(shared.written), set()
+        second = fuzz(other, world.run, world="sim", dp_sizes=(2,), fixed=fixed,
+                      budget=Budget(examples=3, seconds=None), database=shared, seed=1,
+                      scenario_dir=tmp_path)
+    ours, theirs = database_key(VARIANT, fixed, (2,)), database_key(other, fixed, (2,))
+    assert found.found and written and all(k.startswith(ours) for k in written), written
+    assert shared.read and all(k.startswith(theirs) for k in shared.read), shared.read
+    assert second.replayed == 0 and second.found_by != "replay"
+
+
+def _run_to_first_failure(log: Path) -> list[dict]:
+    examples = [e for e in read_log(log) if isinstance(e, ExampleEntry)]
+    first = next(i for i, e in enumerate(examples) if not e.ok)
+    return [e.scenario for e in examples[:first + 1]]
+
+
+def test_a_seeded_search_is_reproducible_and_still_reads_and_writes_the_shared_database(
+        tmp_path):
+    shared, fresh = InMemoryExampleDatabase(), InMemoryExampleDatabase()
+    key = database_key(VARIANT, {"dp_size": 2}, (2,))
+    with SimWorld(2, FUZZ_TIMEOUTS) as world:
+        def search(database: InMemoryExampleDatabase, log: str):
+            return fuzz(VARIANT, world.run, world="sim", dp_sizes=(2,), fixed={"dp_size": 2},
+                        budget=Budget(seconds=60, shrink_seconds=2), database=database,
+                        seed=3, log_path=tmp_path / log, scenario_dir=tmp_path)
+
+        first, again, rerun = (search(shared, "first"), search(fresh, "again"),
+                               search(shared, "rerun"))
+    # Same seed, empty databases: the same scenarios, in order, up to the same failure.
+    assert first.found_by == again.found_by == "search"
+    assert _run_to_first_failure(tmp_path / "first") == _run_to_first_failure(tmp_path / "again")
+    # The seeded search saved its failure there, and the seeded rerun replays it first.
+    assert list(shared.fetch(key))
+    assert rerun.found_by == "replay" and rerun.examples_to_detection == 2
 
 
 def _subprocess_env() -> dict[str, str]:

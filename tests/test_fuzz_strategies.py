@@ -10,13 +10,12 @@ from hypothesis import strategies as st
 from harness.config import CudaGraphMode, HarnessConfig
 from harness.fuzz.engine import scenario_strategy
 from harness.fuzz.variants import VARIANTS
+from harness.gen.aim import steering, steps_with_microbatch_threads
 from harness.gen.strategies import (
     boundary_token_counts,
     decode_beside_mixed,
     fuzz_configs,
     skewed_token_counts,
-    steering,
-    steps_with_microbatch_threads,
     straddling_token_counts,
     uneven_reqs,
 )

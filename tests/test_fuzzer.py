@@ -3,19 +3,24 @@ the failing checker, the exhaustive cross-check, and `python -m harness fuzz` it
 
 from __future__ import annotations
 
+import ast
 import json
 
 import pytest
 from fuzz_crosscheck import cross_check
+from hypothesis import HealthCheck, given, reproduce_failure, settings
+from hypothesis import strategies as st
 
+from harness.check.judge import judge
 from harness.cli import EXIT_BAD_INPUT, EXIT_FOUND, main
 from harness.config import HarnessConfig
 from harness.faults import Fault, FaultKind
-from harness.fuzz.engine import FUZZ_TIMEOUTS, Budget
+from harness.fuzz.engine import FUZZ_TIMEOUTS, Budget, first_failure, fuzz, scenario_strategy
 from harness.fuzz.reduce import reduce_scenario, simpler_scenarios
 from harness.fuzz.run_log import ExampleEntry, FindingEntry, read_log
+from harness.fuzz.variants import variant_named
 from harness.scenario import RankStep, Scenario
-from harness.world.sim import SimWorld
+from harness.world.sim.world import SimWorld
 
 CONFIG = HarnessConfig(dp_size=4, capture_sizes=(8,), max_num_reqs=16,
                        max_num_batched_tokens=16, decode_threshold=2, prefill_threshold=4)
@@ -129,3 +134,29 @@ def test_fuzz_answers_bad_input_with_one_line_naming_the_field(capsys, tmp_path,
     err = capsys.readouterr().err.strip()
     assert code == EXIT_BAD_INPUT
     assert len(err.splitlines()) == 1 and field in err, err
+
+
+class _Replayed(Exception):
+    pass
+
+
+def test_the_blob_a_search_prints_replays_a_failing_scenario_under_reproduce_failure(tmp_path):
+    variant, fixed = variant_named("guard-merged"), {"dp_size": 2}
+    drawn: list[Scenario] = []
+
+    @settings(database=None, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def replay(data: st.DataObject) -> None:
+        drawn.append(data.draw(scenario_strategy(variant, fixed, (2,))))
+        raise _Replayed
+
+    with SimWorld(2, FUZZ_TIMEOUTS) as world:
+        found = fuzz(variant, world.run, world="sim", dp_sizes=(2,), fixed=fixed,
+                     budget=Budget(seconds=60, shrink_seconds=2), database=None, seed=1,
+                     scenario_dir=tmp_path)
+        assert found.found and found.blob and found.blob.startswith("@reproduce_failure(")
+        version, blob = ast.literal_eval(found.blob.removeprefix("@reproduce_failure"))
+        with pytest.raises(_Replayed):
+            reproduce_failure(version, blob)(replay)()
+        verdict = first_failure(judge(world.run(drawn[-1])), variant.caught_by)
+    assert (verdict.ok, verdict.checker) == (False, found.checker)

@@ -15,13 +15,13 @@ from harness.check.execution import check_executes_plan
 from harness.check.judge import judge
 from harness.check.reference import ReferenceRows
 from harness.check.registry import check_step
-from harness.check.spec_decision import spec_plans
 from harness.config import HarnessConfig
 from harness.history.records import StepRecord
 from harness.scenario import load_scenario, scenario_from_dict
+from harness.spec.decision import spec_plans
 from harness.sut.step_plan import plan_without_world
 from harness.timeouts import Timeouts
-from harness.world.sim import SimWorld
+from harness.world.sim.world import SimWorld
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 FAST = Timeouts(collective_s=1.0, hang_s=1.5, step_deadline_s=5.0)

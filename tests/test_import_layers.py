@@ -19,6 +19,7 @@ LAYERS = (
     "model",  # the miniature MoE and its single-process reference
     "scenario",  # one replayable case
     "history",  # what the ranks decided and did
+    "spec",  # docs/spec.md's decision restated: what gen aims with and check judges by
     "sut",  # the rank code: decisions, capture, dispatch, replay
     "vllm_sut",  # vLLM's decision code in the rank's slots
     "vllm_exec",  # vLLM's execution code running the rank's steps
@@ -26,7 +27,9 @@ LAYERS = (
     "world",  # where ranks live; hands back history
     "gpu",  # the single-rank GPU world
     "check",  # the judge: checkers over history, nothing of processes
-    "cli_config", "cli_vllm", "fuzz", "report", "bench", "cli",
+    "cli_config", "cli_vllm", "fuzz", "report", "bench",
+    "cli_result", "cli_check",  # the verdicts as `run` prints them; a saved run judged again
+    "cli",
     "campaign",  # fuzz jobs sharing a database, a local Redis server, the merged report
     "__main__",
 )

@@ -12,7 +12,7 @@ from runs_alone import RunsAlone
 from harness.check.stream import PASSED_ALONE, judge_stream
 from harness.scenario import load_scenario, scenario_from_dict
 from harness.timeouts import Timeouts
-from harness.world.sim import SimWorld
+from harness.world.sim.world import SimWorld
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANTED = load_scenario(ROOT / "scenarios" / "guard-equality.json")  # no_empty_region

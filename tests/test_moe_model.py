@@ -22,7 +22,7 @@ from harness.runtime.comm import CollectiveTimeout, EagerAllToAll
 from harness.runtime.overlap import MicrobatchOverlap, NoOverlap
 from harness.runtime.process_group import as_process_group
 from harness.sut.slicing import clamped_ubatch_slices
-from harness.world.threads import RankFailure, ThreadWorld
+from harness.world.sim.threads import RankFailure, ThreadWorld
 
 TIMEOUT_S = 5.0
 NUM_SLOTS = 8

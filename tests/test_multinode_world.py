@@ -16,8 +16,8 @@ from harness.check.judge import judge
 from harness.errors import ConfigError
 from harness.scenario import scenario_from_dict
 from harness.timeouts import Timeouts
-from harness.world.nodes import node_spec, shared_control_key
-from harness.world.wire import CONTROL_KEY_ENV
+from harness.world.channel.wire import CONTROL_KEY_ENV
+from harness.world.multinode.nodes import node_spec, shared_control_key
 
 TIMEOUTS = Timeouts(collective_s=3.0, hang_s=5.0, step_deadline_s=10.0)
 SMALL = {"capture_sizes": [16, 32], "max_num_reqs": 32, "max_num_batched_tokens": 64,
@@ -60,9 +60,9 @@ def test_a_multi_node_world_takes_its_key_from_the_environment_only(monkeypatch)
 def two_nodes(request):
     if request.config.getoption("--nnodes") < 2:
         pytest.skip("two torchrun agents on loopback: run under make test-dp NNODES=2")
-    from harness.world.loopback import LoopbackMultiNodeWorld
+    from harness.world.multinode.loopback import loopback_multi_node_world
 
-    world = LoopbackMultiNodeWorld(2, 2, TIMEOUTS)
+    world = loopback_multi_node_world(2, 2, TIMEOUTS)
     yield world
     world.close()
 
@@ -72,20 +72,20 @@ def two_nodes(request):
 def test_two_agents_on_loopback_make_one_dp_world_that_rebuilds_after_a_killed_rank(
         two_nodes):
     assert judge(two_nodes.run(scenario())).ok
-    assert sorted(two_nodes.node_of().items()) == [(0, 0), (1, 0), (2, 1), (3, 1)]
-    assert len(set(two_nodes.agent_pids().values())) == 2
-    first = dict(two_nodes._pids)
+    assert sorted(two_nodes.rig.node_of().items()) == [(0, 0), (1, 0), (2, 1), (3, 1)]
+    assert len(set(two_nodes.rig.agent_pids().values())) == 2
+    first = dict(two_nodes.rank_pids)
     # A rank of the other node is killed: named, and the world is rebuilt by torchrun.
     killed = two_nodes.run(scenario([{"kind": "kill_rank", "rank": 3, "step": 1}]))
     # An injected kill is the scenario's own fault: the verdict holds, the evidence names it.
     assert "rank 3 was killed (injected kill_rank)" in killed.evidence
     assert judge(two_nodes.run(scenario())).ok
     assert two_nodes.launches >= 2
-    assert not set(first.values()) & set(two_nodes._pids.values())  # fresh workers
+    assert not set(first.values()) & set(two_nodes.rank_pids.values())  # fresh workers
     assert gone_within(first.values(), GRACE_S) == []
-    agents = list(two_nodes.agent_pids().values())
-    workers = list(two_nodes._pids.values())
-    launchers = [two_nodes._proc.pid, *two_nodes.node_launchers()]
+    agents = list(two_nodes.rig.agent_pids().values())
+    workers = list(two_nodes.rank_pids.values())
+    launchers = [two_nodes.agent_pid, *two_nodes.rig.node_launchers()]
     assert two_nodes.close() == []
     assert gone_within(agents + workers + launchers, GRACE_S) == []
 
@@ -96,11 +96,11 @@ def test_a_node_whose_agent_is_killed_mid_run_is_named_and_nothing_outlives_the_
         two_nodes):
     assert judge(two_nodes.run(scenario())).ok
     # The other node's agent: the one its node launcher (not this driver's) started.
-    launchers = set(two_nodes.node_launchers())
-    node, other = next((n, pid) for n, pid in two_nodes.agent_pids().items()
+    launchers = set(two_nodes.rig.node_launchers())
+    node, other = next((n, pid) for n, pid in two_nodes.rig.agent_pids().items()
                        if psutil.Process(pid).ppid() in launchers)
-    own = [two_nodes._proc.pid, *(p for p in two_nodes.agent_pids().values() if p != other)]
-    workers = list(two_nodes._pids.values())
+    own = [two_nodes.agent_pid, *(p for p in two_nodes.rig.agent_pids().values() if p != other)]
+    workers = list(two_nodes.rank_pids.values())
     # No fault of the scenario's own: a long run, and the other node's agent dies in it.
     killer = threading.Timer(1.0, os.kill, (other, signal.SIGKILL))
     killer.start()

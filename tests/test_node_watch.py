@@ -18,9 +18,9 @@ import psutil
 import pytest
 from process_watch import alive, gone_within
 
-from harness.world.heartbeat import DriverBeat, driver_silent
-from harness.world.loopback import free_loopback_port
-from harness.world.wire import CONTROL_KEY_ENV, new_control_key
+from harness.world.channel.wire import CONTROL_KEY_ENV, new_control_key
+from harness.world.multinode.heartbeat import DriverBeat, driver_silent
+from harness.world.multinode.loopback import free_loopback_port
 
 ROOT = Path(__file__).resolve().parents[1]
 # The launcher's reaction (0.5 s), its agent's shutdown, the launcher's grace (10 s) and
@@ -31,10 +31,10 @@ DRIVER = textwrap.dedent("""
     import time
     from harness.scenario import scenario_from_dict
     from harness.timeouts import Timeouts
-    from harness.world.loopback import LoopbackMultiNodeWorld
+    from harness.world.multinode.loopback import loopback_multi_node_world
 
-    world = LoopbackMultiNodeWorld(2, 2, Timeouts(collective_s=3.0, hang_s=5.0,
-                                                  step_deadline_s=10.0))
+    world = loopback_multi_node_world(2, 2, Timeouts(collective_s=3.0, hang_s=5.0,
+                                                     step_deadline_s=10.0))
     config = {"capture_sizes": [16, 32], "max_num_reqs": 32, "max_num_batched_tokens": 64,
               "decode_threshold": 8, "prefill_threshold": 16}
     world.run(scenario_from_dict({"name": "clean", "config": config,
@@ -132,7 +132,7 @@ def test_no_launcher_agent_or_worker_outlives_a_driver_that_was_signalled(reques
         # helpers of its own whose command lines name the worker too).
         assert len(_named(procs, "harness.world.node")) == 2
         assert len(_named(procs, "torch.distributed.run")) == 2
-        assert len(_named(procs, "harness.world.worker")) >= 4
+        assert len(_named(procs, "harness.world.torchrun.worker")) >= 4
         driver.send_signal(sig)
         driver.wait(timeout=30)
         assert gone_within(tree, GONE_WITHIN_S) == []

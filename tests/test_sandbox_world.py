@@ -27,11 +27,11 @@ from harness.history.step_error import StepError
 from harness.scenario import load_scenario, scenario_from_dict
 from harness.timeouts import Timeouts
 from harness.world import open_world
-from harness.world.crash import crash_errors, crashed_history
+from harness.world.channel.wire import Channel, ChannelClosed
 from harness.world.evidence import native_abort_message
-from harness.world.processes import package_pythonpath
-from harness.world.sandbox import SandboxedSimWorld
-from harness.world.wire import Channel, ChannelClosed
+from harness.world.processes.lifecycle import package_pythonpath
+from harness.world.sandbox.crash import crash_errors, crashed_history
+from harness.world.sandbox.world import SandboxedSimWorld
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "scenarios"
@@ -204,7 +204,7 @@ DRIVER = """
 import json, sys, time
 from harness.scenario import scenario_from_dict
 from harness.timeouts import Timeouts
-from harness.world import sandbox
+from harness.world.sandbox import world as sandbox
 world = sandbox.SandboxedSimWorld(2, Timeouts(collective_s=2.0, hang_s=4.0,
                                                step_deadline_s=15.0))
 world.run(scenario_from_dict({"config": CONFIG, "steps": [{"ranks": [3, 5]}]}))

@@ -15,7 +15,7 @@ from harness.errors import ConfigError
 from harness.scenario import load_scenario, scenario_from_dict
 from harness.timeouts import Timeouts
 from harness.world.pool import WorldPool
-from harness.world.sim import SimWorld
+from harness.world.sim.world import SimWorld
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 FAST = Timeouts(collective_s=2.0, hang_s=4.0, step_deadline_s=15.0)

@@ -1,4 +1,4 @@
-"""The spec oracle (harness/check/spec_decision.py): it agrees with the harness's decision
+"""The spec oracle (harness/spec/decision.py): it agrees with the harness's decision
 code on every drawn config and skew, it alone catches slips in that code that change no
 output row and no cross-rank agreement, and it shares no code with the decision code."""
 
@@ -17,17 +17,17 @@ from hypothesis import strategies as st
 
 from harness.batch import RankBatch
 from harness.check.judge import judge
-from harness.check.spec_decision import spec_plans
 from harness.config import CudaGraphMode, Guard, HarnessConfig, Twins
 from harness.gen.strategies import configs, fuzz_configs, rank_batch, skewed_batches
 from harness.scenario import scenario_from_dict
+from harness.spec.decision import spec_plans
 from harness.sut import dp_sync
 from harness.sut.step_plan import plan_without_world
 from harness.timeouts import Timeouts
-from harness.world.sim import SimWorld
+from harness.world.sim.world import SimWorld
 
 ROOT = Path(__file__).resolve().parents[1]
-ORACLE = ROOT / "harness" / "check" / "spec_decision.py"
+ORACLE = ROOT / "harness" / "spec" / "decision.py"
 FAST = Timeouts(collective_s=2.0, hang_s=4.0, step_deadline_s=15.0)
 SMALL = {"capture_sizes": (16, 32), "max_num_reqs": 32, "max_num_batched_tokens": 64,
          "decode_threshold": 8, "prefill_threshold": 16}
@@ -188,22 +188,33 @@ def module_file(name: str) -> Path | None:
     return None
 
 
-def test_the_oracle_imports_neither_the_harness_decision_code_nor_vllms():
-    direct = {m for m in harness_imports(ORACLE) if module_file(m) is not None}
-    assert direct <= ALLOWED, sorted(direct - ALLOWED)
-    seen, todo = set(), [*direct, "harness.check"]
-    while todo:  # what those modules import, at any depth
+def decision_code_reached(names: list[str]) -> list[str]:
+    """The modules of harness/sut and harness/vllm_sut that `names` import, at any depth."""
+    seen, todo = set(), list(names)
+    while todo:
         name = todo.pop()
         if name in seen or module_file(name) is None:
             continue
         seen.add(name)
         todo.extend(harness_imports(module_file(name)))
-    decision_code = sorted(m for m in seen if m.split(".")[1] in ("sut", "vllm_sut"))
-    assert decision_code == []
+    return sorted(m for m in seen if m.split(".")[1] in ("sut", "vllm_sut"))
+
+
+def test_the_oracle_imports_neither_the_harness_decision_code_nor_vllms():
+    direct = {m for m in harness_imports(ORACLE) if module_file(m) is not None}
+    assert direct <= ALLOWED, sorted(direct - ALLOWED)
+    assert decision_code_reached([*direct, "harness.spec"]) == []
+
+
+def test_the_generator_aims_without_asking_the_decision_code_it_hunts_bugs_in():
+    # Steering and fault aiming come from the oracle: a planted bug must not bend the search.
+    generator = [f"harness.gen.{p.stem}" for p in (ROOT / "harness" / "gen").glob("*.py")]
+    assert "harness.gen.aim" in generator and decision_code_reached(generator) == []
+    assert decision_code_reached(["harness.report.decision_map"]) != []  # the walk sees sut
 
 
 def test_importing_the_oracle_loads_no_decision_code():
-    code = ("import sys, harness.check.spec_decision\n"
+    code = ("import sys, harness.spec.decision\n"
             "print(sorted(m for m in sys.modules if m.startswith(('harness.sut', "
             "'harness.vllm_sut'))))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,

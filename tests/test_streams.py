@@ -14,7 +14,7 @@ from harness.runtime.streams import (
     StreamError,
     make_streams,
 )
-from harness.world.threads import run_in_threads
+from harness.world.sim.threads import run_in_threads
 
 
 def needs_cuda(test):

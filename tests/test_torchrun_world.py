@@ -22,9 +22,9 @@ from harness.cli import EXIT_BAD_INPUT, main
 from harness.errors import ConfigError
 from harness.scenario import load_scenario, scenario_from_dict
 from harness.timeouts import Timeouts
-from harness.world.backends import check_backend
-from harness.world.gpus import pids_holding_gpu_memory
-from harness.world.torchrun import TorchrunWorld
+from harness.world.torchrun.backends import check_backend
+from harness.world.torchrun.gpus import pids_holding_gpu_memory
+from harness.world.torchrun.world import TorchrunWorld
 
 pytestmark = pytest.mark.dist
 
@@ -61,7 +61,7 @@ def gpu_memory_used_mib() -> int | None:
 
 def worker_pids(world: TorchrunWorld) -> list[int]:
     """The rank processes: torchrun's children."""
-    return [c.pid for c in psutil.Process(world._proc.pid).children(recursive=True)]
+    return [c.pid for c in psutil.Process(world.agent_pid).children(recursive=True)]
 
 
 def run_and_check_cleanup(world: TorchrunWorld, case):
@@ -194,12 +194,12 @@ def test_rank_asymmetric_candidates_fail_capture_with_a_named_verdict(faulty_wor
 
 _DRIVER = """
 import sys, time
-from harness.world.torchrun import TorchrunWorld
+from harness.world.torchrun.world import TorchrunWorld
 world = TorchrunWorld(2)
 world.start()
 import psutil
-workers = [c.pid for c in psutil.Process(world._proc.pid).children(recursive=True)]
-print(" ".join(map(str, [world._proc.pid, *workers])), flush=True)
+workers = [c.pid for c in psutil.Process(world.agent_pid).children(recursive=True)]
+print(" ".join(map(str, [world.agent_pid, *workers])), flush=True)
 time.sleep(600)
 """
 

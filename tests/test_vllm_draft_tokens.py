@@ -20,7 +20,7 @@ from harness.sut.graph_table import GraphTable
 from harness.sut.step_plan import plan_without_world
 from harness.vllm_code.source import read_patch
 from harness.vllm_sut.available import unavailable_reason, vllm_version
-from harness.world.sim import SimWorld
+from harness.world.sim.world import SimWorld
 
 if vllm_version() is None:
     pytest.skip(unavailable_reason(), allow_module_level=True)

@@ -16,13 +16,14 @@ import pytest
 import torch
 
 from harness.check.judge import judge
+from harness.check.verdict import Outcome
 from harness.config import HarnessConfig
 from harness.errors import ConfigError
 from harness.scenario import load_scenario, scenario_from_dict
 from harness.timeouts import Timeouts
 from harness.vllm_code.source import read_patch
 from harness.vllm_sut.available import unavailable_reason, vllm_version
-from harness.world.torchrun import TorchrunWorld
+from harness.world.torchrun.world import TorchrunWorld
 
 if vllm_version() is None:
     pytest.skip(unavailable_reason(), allow_module_level=True)
@@ -88,6 +89,9 @@ def test_vllms_eager_microbatched_steps_match_the_reference_in_both_overlap_styl
     receives = result.steps[0].records[0].vllm_exec.receives
     assert {e.kind for e in receives} == {"issued", "hook", "read"}
     assert len({e.receive for e in receives}) == 6
+    # Each receive read after its write in stream order (logged on CPU stand-ins only).
+    in_order = Outcome.HELD if world.backend == "gloo" else Outcome.NOT_APPLICABLE
+    assert outcomes(result)["stream_order"] is in_order
     if backend == "deepep_high_throughput":
         events = result.steps[0].records[0].vllm_exec.stream_events
         assert any("vllm-comm" in e for e in events), events
@@ -138,11 +142,39 @@ def test_a_thread_that_fails_in_its_device_set_up_hangs_the_starter_at_the_barri
 
 def test_the_regression_scenarios_name_the_checker_that_catches_them():
     paths = sorted(EXEC.glob("*.json"))
-    assert len(paths) == 2
+    assert len(paths) == 3
     for path in paths:
         scenario = load_scenario(path)
         assert scenario.config.execution.value == "vllm"
-        assert scenario.caught_by in ("liveness", "errors")
+        assert scenario.caught_by in ("liveness", "errors", "stream_order")
+
+
+def outcomes(result) -> dict[str, Outcome]:
+    return {v.checker: v.outcome for v in result.steps[0].verdicts}
+
+
+def test_a_missing_compute_wait_keeps_the_rows_right_on_cpu_and_fails_stream_order(world):
+    data = json.loads((EXEC / "ht-missing-compute-wait.json").read_text())
+    result = run(world, data)
+    got = outcomes(result)
+    if world.backend != "gloo":
+        # Real CUDA streams: nothing is logged here (TORCH_CUDA_SANITIZER=1 is the tool).
+        assert got["stream_order"] is Outcome.NOT_APPLICABLE
+        return
+    assert got["matches_reference"] is Outcome.HELD and got["routing_provenance"] is (
+        Outcome.HELD)
+    assert failed(result).keys() == {"stream_order"}
+    detail = failed(result)["stream_order"]
+    assert detail.startswith("rank 0 step 0: experts on stream default reads dispatch recv of "
+                             "microbatch 0, written by all_to_all on stream vllm-comm-")
+    undone = run(world, load_scenario(EXEC / "ht-missing-compute-wait.json")
+                 .with_reference_behaviour().to_dict())
+    assert undone.ok, failed(undone)
+    assert outcomes(undone)["stream_order"] is Outcome.HELD
+    order = undone.steps[0].records[0].vllm_exec.stream_order
+    # The comm stream's writes were waited on: an event recorded there, waited on compute.
+    assert {(op.kind, op.stream.startswith("vllm-comm")) for op in order} >= {
+        ("write", True), ("read", False), ("record", True), ("wait", False)}
 
 
 def test_vllm_execution_refuses_the_harness_execution_switches_in_one_line():
@@ -166,6 +198,8 @@ def test_one_hunt_of_vllms_execution_can_be_named_and_both_run_by_default():
 
     assert names("vllm-exec-crash") == ["vllm-exec-crash"]
     assert names("all") == ["vllm-exec-hang", "vllm-exec-crash"]
+    # A planted slip of vLLM's pattern is hunted only when named.
+    assert names("ht-missing-compute-wait") == ["ht-missing-compute-wait"]
     with pytest.raises(ConfigError, match="^variant: vllm-exec-hang hunts .* needs --sut vllm"):
         exec_variants(Namespace(variant="vllm-exec-hang", sut="harness"))
 

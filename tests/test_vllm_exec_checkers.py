@@ -80,7 +80,7 @@ Current thread 0x00007f02 (most recent call first):
   File "/site/vllm/v1/worker/gpu/ubatch_utils.py", line 518 in finish
 --- rank 1 stacks ---
 Current thread 0x00007f03 (most recent call first):
-  File "/repo/harness/world/worker.py", line 139 in serve
+  File "/repo/harness/world/torchrun/worker.py", line 139 in serve
 """
 
 
@@ -101,7 +101,7 @@ def test_only_the_last_dump_of_a_rank_counts():
 
 def test_a_step_every_rank_hangs_in_gets_a_row_so_its_hang_is_judged():
     from harness.scenario import scenario_from_dict
-    from harness.world.torchrun import _open_hung_step
+    from harness.world.torchrun.collect import _open_hung_step
 
     scenario = scenario_from_dict({"config": {}, "steps": [{"ranks": [4, 4]}, {"ranks": [4, 4]}]})
     startup = ["captured", "captured"]

@@ -53,3 +53,12 @@ def test_a_fault_free_search_of_vllms_execution_holds_every_checker(tmp_path):
     outcome = hunt(tmp_path, "vllm-exec", Budget(examples=40, seconds=None))
     assert not outcome.found, outcome.detail
     assert outcome.examples >= 30  # world runs; Hypothesis counts the examples it rejected too
+
+
+@pytest.mark.timeout(BOUND_S)
+def test_the_fuzzer_finds_a_missing_compute_wait_by_stream_order_alone(tmp_path):
+    outcome = hunt(tmp_path, "ht-missing-compute-wait",
+                   Budget(seconds=60.0, shrink_seconds=30.0))
+    assert outcome.found and outcome.checker == "stream_order", outcome.note
+    assert "experts on stream default reads dispatch recv of microbatch" in outcome.detail
+    assert len(outcome.scenario.steps) == 1 and not outcome.scenario.faults

@@ -15,7 +15,7 @@ from harness.fuzz.variants import SUT_VARIANTS
 from harness.scenario import load_scenario, scenario_from_dict
 from harness.sut.thresholds import last_region_start
 from harness.vllm_sut.available import unavailable_reason, vllm_version
-from harness.world.sim import SimWorld
+from harness.world.sim.world import SimWorld
 
 if vllm_version() is None:
     pytest.skip(unavailable_reason(), allow_module_level=True)

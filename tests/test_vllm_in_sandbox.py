@@ -12,7 +12,7 @@ from harness.check.judge import judge
 from harness.fuzz.engine import FUZZ_TIMEOUTS
 from harness.scenario import scenario_from_dict
 from harness.vllm_sut.available import unavailable_reason, vllm_version
-from harness.world.sandbox import SandboxedSimWorld
+from harness.world.sandbox.world import SandboxedSimWorld
 
 if vllm_version() is None:
     pytest.skip(unavailable_reason(), allow_module_level=True)

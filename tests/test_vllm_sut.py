@@ -15,7 +15,7 @@ from harness.config import CudaGraphMode, HarnessConfig
 from harness.sut.graph_table import GraphTable
 from harness.sut.step_plan import decide_on_rank
 from harness.vllm_sut.available import unavailable_reason, vllm_version
-from harness.world.threads import ThreadWorld
+from harness.world.sim.threads import ThreadWorld
 
 if vllm_version() is None:
     pytest.skip(unavailable_reason(), allow_module_level=True)

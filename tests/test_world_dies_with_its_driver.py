@@ -1,5 +1,5 @@
 """A world's agent and ranks die with the driver that started them, even where a rank is
-stuck where its own watchdog cannot run (harness/world/agent_guard.py, parent_death.py)."""
+stuck where its own watchdog cannot run (harness/world/torchrun/agent_guard.py, parent_death.py)."""
 
 from __future__ import annotations
 
@@ -21,13 +21,14 @@ ROOT = Path(__file__).resolve().parents[1]
 # A driver that launches one rank the way the torchrun world does, then waits to be killed.
 _DRIVER = """
 import os, subprocess, sys, time
-from harness.world.processes import package_pythonpath
+from harness.world.processes.lifecycle import package_pythonpath
 port, trace_dir = sys.argv[1], sys.argv[2]
 me = str(os.getpid())
 env = dict(os.environ, DBO_HARNESS_CONTROL_KEY="ab" * 32, PYTHONPATH=package_pythonpath())
 agent = subprocess.Popen(
-    [sys.executable, "-m", "harness.world.agent_guard", "--driver-pid", me, "--",
-     "--standalone", "--nproc-per-node=1", "--max-restarts=0", "-m", "harness.world.worker",
+    [sys.executable, "-m", "harness.world.torchrun.agent_guard", "--driver-pid", me, "--",
+     "--standalone", "--nproc-per-node=1", "--max-restarts=0",
+     "-m", "harness.world.torchrun.worker",
      "--control", f"127.0.0.1:{port}", "--driver-pid", me, "--trace-dir", trace_dir],
     env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 print(agent.pid, flush=True)

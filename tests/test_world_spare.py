@@ -1,5 +1,6 @@
 """A torchrun world that failed boots its replacement at once (a spare) and takes it at the
-next start; a spare nobody took is stopped with the world (harness/world/agent_launch.py)."""
+next start; a spare nobody took is stopped with the world
+(harness/world/torchrun/agent_launch.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 
 from harness.scenario import scenario_from_dict
 from harness.timeouts import Timeouts
-from harness.world.torchrun import TorchrunWorld
+from harness.world.torchrun.world import TorchrunWorld
 
 pytestmark = pytest.mark.dist
 
@@ -34,14 +35,14 @@ def test_a_failed_world_is_replaced_by_the_spare_that_booted_while_the_driver_ju
     seen: list[int] = []
     try:
         world.start()
-        assert world._spare is None  # no failure yet: nothing booted for nothing
+        assert world.rig.spare is None  # no failure yet: nothing booted for nothing
         assert world.run(case(KILL)).steps[1][1].error.kind == "RankKilled"
-        assert not world.alive and world._spare is not None
-        spare_agent = world._spare.proc.pid
+        assert not world.alive and world.rig.spare is not None
+        spare_agent = world.rig.spare.proc.pid
         assert all(r.error is None for r in world.run(case([])).steps[1])
-        assert world._proc.pid == spare_agent  # the spare, not a fresh launch
-        assert world._spare is not None and world._spare.proc.pid != spare_agent
-        seen = processes_of(world._proc.pid) + processes_of(world._spare.proc.pid)
+        assert world.agent_pid == spare_agent  # the spare, not a fresh launch
+        assert world.rig.spare is not None and world.rig.spare.proc.pid != spare_agent
+        seen = processes_of(world.agent_pid) + processes_of(world.rig.spare.proc.pid)
         assert len(seen) >= 4  # the live agent and ranks; the spare's agent (ranks may be late)
     finally:
         assert world.close() == []
@@ -54,6 +55,6 @@ def test_a_world_without_spares_boots_nothing_ahead():
     try:
         world.start()
         world.run(case(KILL))
-        assert not world.alive and world._spare is None
+        assert not world.alive and world.rig.spare is None
     finally:
         assert world.close() == []

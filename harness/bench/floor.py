@@ -12,7 +12,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from harness.bench.throughput import CONFIG
+from harness.bench.examples import CONFIG
 from harness.config import HarnessConfig
 from harness.model.comm_buffers import NUM_PROVENANCE_COLS
 from harness.runtime.comm import EagerAllToAll, all_reduce_sum

@@ -25,16 +25,15 @@ debug the bench without a GPU; its numbers mean nothing for the GPU.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 
 from harness.bench import gpu_dp
+from harness.bench.timing import timed
 from harness.gpu.world import (
     open_single_rank_gpu_world,
     single_rank_config,
@@ -118,27 +117,6 @@ def graph_memory(runtime: RankRuntime, measured: MeasuredGraphs,
 
 
 # -- timing ------------------------------------------------------------------------------------
-
-def timed(fn: Callable[[], None], device: torch.device, warmup: int, iters: int) -> float:
-    """Median milliseconds of `fn` after `warmup` calls."""
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(iters):
-        if device.type == "cuda":
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            samples.append(1000 * (time.perf_counter() - t0))
-    return statistics.median(samples)
-
 
 @dataclass(frozen=True)
 class SizeRow:

@@ -41,11 +41,11 @@ class RankTimes:
 def _rank_main(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
-    from harness.bench.gpu import timed
+    from harness.bench.timing import timed
     from harness.config import HarnessConfig
     from harness.scenario import RankStep
     from harness.sut import systems
-    from harness.world.worker import join_group, wait_for_every_rank
+    from harness.world.torchrun.worker import join_group, wait_for_every_rank
 
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     wait_for_every_rank(world_size)
@@ -98,7 +98,7 @@ def _requests(config, n: int, rank: int):
 
 def _harness_rows(runtime, config, sizes, rank: int, args) -> list[tuple[int, float, float]]:
     """The harness's own execution: its microbatch ring eager, and its twin's replay."""
-    from harness.bench.gpu import timed
+    from harness.bench.timing import timed
 
     manager, runner = runtime.manager, runtime.runner
     rows = []
@@ -123,7 +123,7 @@ def _harness_rows(runtime, config, sizes, rank: int, args) -> list[tuple[int, fl
 def _vllm_rows(runtime, config, sizes, rank: int, args) -> list[tuple[int, float, float]]:
     """vLLM's execution: its UBatchRunner's threads eager (prepare + run), and its graph
     manager's replay of the microbatched twin (prepare + run_fullgraph)."""
-    from harness.bench.gpu import timed
+    from harness.bench.timing import timed
     from harness.config import CudaGraphMode
     from harness.history.decision import GraphDescriptor
 
@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rank:
         return _rank_main(args)
     from harness.errors import ConfigError
-    from harness.world.backends import check_backend
+    from harness.world.torchrun.backends import check_backend
 
     try:
         layout = check_backend(args.backend, args.nproc)

@@ -15,12 +15,12 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from harness.bench.throughput import CONFIG  # the same decode examples' config
+from harness.bench.examples import CONFIG  # the same decode examples' config
 from harness.check.judge import judge
 from harness.scenario import Scenario, scenario_from_dict
 from harness.timeouts import Timeouts
-from harness.world.loopback import LoopbackMultiNodeWorld
-from harness.world.torchrun import TorchrunWorld
+from harness.world.multinode.loopback import loopback_multi_node_world
+from harness.world.torchrun.world import TorchrunWorld
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ def dp4_rows(count: int) -> list[LayoutRow]:
     examples = dp4_examples(count)
     timeouts = Timeouts()
     return [measure("1 node x 4 ranks", TorchrunWorld(4, timeouts=timeouts), examples),
-            measure("2 nodes x 2 ranks (loopback)", LoopbackMultiNodeWorld(2, 2, timeouts),
+            measure("2 nodes x 2 ranks (loopback)", loopback_multi_node_world(2, 2, timeouts),
                     examples)]
 
 

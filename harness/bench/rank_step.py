@@ -15,11 +15,11 @@ import sys
 import time
 from collections import defaultdict
 
-from harness.bench.throughput import decode_examples
+from harness.bench.examples import decode_examples
 from harness.runtime.intra_op import one_intra_op_thread
 from harness.sut.rank_runtime import RankRuntime
 from harness.timeouts import Timeouts
-from harness.world.threads import ThreadWorld
+from harness.world.sim.threads import ThreadWorld
 
 
 def measure(examples: int) -> dict[str, list[tuple[float, float]]]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import subprocess
 import sys
@@ -23,18 +22,17 @@ from dataclasses import dataclass
 
 from harness.bench.cpu import ceiling_per_second, cores, cpu_seconds
 from harness.bench.detection import detection_rows, print_detection, random_seeds
+from harness.bench.examples import decode_examples
+from harness.bench.multinode import dp4_rows, print_dp4
 from harness.check.judge import judge
 from harness.check.stream import judge_stream
-from harness.scenario import Scenario, scenario_from_dict
+from harness.scenario import Scenario
 from harness.timeouts import Timeouts
-from harness.world.batches import BATCH_SIZE, MAX_BATCH
-from harness.world.processes import package_pythonpath
-from harness.world.sandbox import SandboxedSimWorld
-from harness.world.sim import SimWorld
-from harness.world.torchrun import TorchrunWorld
-
-CONFIG = {"capture_sizes": [16, 32, 64], "max_num_reqs": 64, "max_num_batched_tokens": 64,
-          "decode_threshold": 8, "prefill_threshold": 32}
+from harness.world.processes.lifecycle import package_pythonpath
+from harness.world.sandbox.world import SandboxedSimWorld
+from harness.world.sim.world import SimWorld
+from harness.world.torchrun.batches import BATCH_SIZE, MAX_BATCH
+from harness.world.torchrun.world import TorchrunWorld
 
 
 @dataclass(frozen=True)
@@ -56,14 +54,6 @@ class Row:
     @property
     def ms_per_example(self) -> float:
         return 1000 * self.seconds / self.examples if self.examples else 0.0
-
-
-def decode_examples(count: int, seed: int = 0) -> list[Scenario]:
-    """Decode-sized one-step examples: every rank 1..64 single-token requests."""
-    rng = random.Random(seed)
-    return [scenario_from_dict({"name": f"bench-{i}", "config": CONFIG,
-                                "steps": [{"ranks": [rng.randint(1, 64), rng.randint(1, 64)]}]})
-            for i in range(count)]
 
 
 def persistent(examples: list[Scenario], batch_size: int = 0
@@ -209,8 +199,6 @@ def main(argv: list[str] | None = None) -> int:
     if not args.detection_only:
         print_throughput(examples, args.spawned, args.batch)
         if args.dp4_examples:
-            from harness.bench.multinode import dp4_rows, print_dp4
-
             print_dp4(dp4_rows(args.dp4_examples))
     if not args.detection_seeds:
         return 0

@@ -273,7 +273,7 @@ def _spec_fields(plan: StepPlan) -> list[tuple[str, object]]:
 def check_spec_decision(records: Sequence[StepRecord],
                         expected: Sequence[StepPlan]) -> Judgement:
     """The harness decided, field by field, what docs/spec.md says for its own config
-    (harness/check/spec_decision.py, which shares no code with the decision code)."""
+    (harness/spec/decision.py, which shares no code with the decision code)."""
     for rec, want_plan in zip(records, expected, strict=True):
         if rec.plan is None:
             continue

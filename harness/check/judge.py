@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from harness.check.reference import reference_rows
+from harness.check.reference import ReferenceRows, reference_rows
 from harness.check.registry import check_startup, check_step
 from harness.check.verdict import Verdict
 from harness.history.records import StartupRecord, StepRecord
@@ -44,8 +45,11 @@ class ScenarioResult:
         return out
 
 
-def judge(history: ScenarioHistory) -> ScenarioResult:
-    references = reference_rows(history.scenario)
+def judge(history: ScenarioHistory,
+          references: Sequence[ReferenceRows] | None = None) -> ScenarioResult:
+    """Every checker over `history`; against `references` when given (a saved run's), else
+    the single-process reference computed from its scenario."""
+    references = reference_rows(history.scenario) if references is None else references
     deadlines = history.timeouts
     startup_verdicts = tuple(check_startup(history.startup, deadlines.startup_deadline_s))
     results = tuple(StepResult(records, tuple(check_step(records, references[i],

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.check.spec_decision import spec_plans
 from harness.config import DecisionSystem, HarnessConfig
 from harness.history.decision import StepPlan
 from harness.history.records import Route, Rows, rows_of
@@ -19,6 +18,7 @@ from harness.model.reference import reference_step
 from harness.model.state import RequestSpec, initial_state
 from harness.model.weights import MoEWeights
 from harness.scenario import Scenario
+from harness.spec.decision import spec_plans
 from harness.sut.step_plan import plan_without_world
 from harness.sut.systems import base_config, plans_without_world, reference_config
 

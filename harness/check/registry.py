@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from harness.check import checkers, execution, startup, vllm_exec
+from harness.check import checkers, execution, startup, stream_order, vllm_exec
 from harness.check.reference import ReferenceRows
 from harness.check.verdict import Judgement, Verdict, not_applicable
 from harness.history.records import StartupRecord, StepRecord
@@ -108,6 +108,9 @@ REGISTRY: tuple[Checker, ...] = (
     Checker(N.DISPATCH_CAPACITY, Phase.STEP, _records(execution.check_dispatch_capacity)),
     Checker(N.UBATCHING_STATE, Phase.STEP, _records(vllm_exec.check_ubatching_state)),
     Checker(N.RECV_BEFORE_READ, Phase.STEP, _records(vllm_exec.check_recv_before_read)),
+    # Each rank's order is its own: a race is named even beside a rank that left no record.
+    Checker(N.STREAM_ORDER, Phase.STEP, _records(stream_order.check_stream_order),
+            judges_missing_ranks=True),
     Checker(N.DIFFERENTIAL_BASE, Phase.STEP, _differential_base),
     Checker(N.DIFFERENTIAL, Phase.STEP, _differential),
     Checker(N.SPEC_DECISION, Phase.STEP, _spec_decision),

@@ -27,7 +27,8 @@ from harness.cli_vllm import (
     tested_vllm_json,
     vllm_fields,
 )
-from harness.config import HarnessConfig, check_seconds, ubatching_fields
+from harness.config import HarnessConfig, ubatching_fields
+from harness.config_values import check_seconds
 from harness.errors import ConfigError
 from harness.fuzz.database import is_url, open_database
 from harness.fuzz.engine import FUZZ_TIMEOUTS, SIM_DP_SIZES, Budget, FuzzOutcome, fuzz
@@ -35,6 +36,7 @@ from harness.fuzz.profiles import PROFILES, profile_from_environment
 from harness.fuzz.progress import ProgressBar
 from harness.fuzz.run_log import DEFAULT_LOG
 from harness.fuzz.variants import (
+    EXEC_DEFAULT_HUNTS,
     EXEC_VARIANTS,
     SUT_VARIANTS,
     VARIANTS,
@@ -120,21 +122,22 @@ def chosen_variants(args: argparse.Namespace) -> list[Variant]:
 def exec_variants(args: argparse.Namespace) -> list[Variant]:
     """`--exec vllm`: with `--sut vllm` a hunt for each failure class of vLLM's microbatch
     threads under faults; with the harness's decisions, a fault-free search."""
-    hunts = ("vllm-exec-hang", "vllm-exec-crash")
+    hunts = tuple(name for name, variant in EXEC_VARIANTS.items() if variant.hunt)
     if args.variant not in ("reference", "all", *hunts):
         raise ConfigError("variant", "--exec vllm fuzzes vLLM's execution code as it is; "
                           "variants plant bugs in the harness's own code (with --sut vllm "
                           f"one hunt may be named: {', '.join(hunts)})")
     if args.variant in hunts and args.sut != "vllm":
-        raise ConfigError("variant", f"{args.variant} hunts vLLM's failure handling under "
-                          "faults: it needs --sut vllm")
+        raise ConfigError("variant", f"{args.variant} hunts vLLM's execution under its own "
+                          "decisions: it needs --sut vllm")
     from harness.vllm_sut.available import unavailable_reason, vllm_version
 
     if vllm_version() is None:
         raise ConfigError("execution", f"vllm cannot be used here: {unavailable_reason()} "
                           "(make test-vllm installs it)")
     if args.sut == "vllm":
-        chosen = hunts if args.variant in ("reference", "all") else (args.variant,)
+        chosen = (EXEC_DEFAULT_HUNTS if args.variant in ("reference", "all")
+                  else (args.variant,))
         return [EXEC_VARIANTS[name] for name in chosen]
     return [EXEC_VARIANTS["vllm-exec"]]
 

@@ -4,6 +4,7 @@ Several fuzz processes, on one machine or many, share failures through one datab
 replays what the others saved before it searches (Hypothesis's reuse phase), and a search
 still running notices a failure saved by another (`SharedFailures`) and restarts so that its
 reuse phase replays it at once. The Redis store is Hypothesis's own `RedisExampleDatabase`.
+Each search sees the shared database through `KeyedDatabase`, under its own key.
 """
 
 from __future__ import annotations
@@ -108,6 +109,43 @@ class SharedFailures:
         where a failure is saved once it is found). One round trip, asked before each world
         run, which costs milliseconds at least."""
         return bool(set(self.database.fetch(self.key)) - self.seen)
+
+
+class KeyedDatabase(ExampleDatabase):
+    """One search's view of a shared database: what Hypothesis keeps under its test's key is
+    kept under the search's own key (`key`, `key.secondary`, ...) instead.
+
+    The fuzzer's Hypothesis test is one function for every variant, so Hypothesis derives the
+    same key for all of them; unmapped, a failure saved by one variant is replayed by the next.
+    The first key asked for is the test's (the reuse phase fetches its failures first); the
+    keys Hypothesis derives from it keep their suffix, and any other key is refused.
+    """
+
+    def __init__(self, inner: ExampleDatabase, key: bytes) -> None:
+        super().__init__()
+        self.inner = inner
+        self.key = key
+        self.test_key: bytes | None = None
+
+    def _ours(self, key: bytes) -> bytes:
+        if self.test_key is None:
+            self.test_key = key
+        if not key.startswith(self.test_key):
+            raise RuntimeError(f"Hypothesis used key {key!r}, not derived from its test's key "
+                               f"{self.test_key!r}: the search's key cannot map it")
+        return self.key + key[len(self.test_key):]
+
+    def fetch(self, key: bytes):
+        return self.inner.fetch(self._ours(key))
+
+    def save(self, key: bytes, value: bytes) -> None:
+        self.inner.save(self._ours(key), value)
+
+    def delete(self, key: bytes, value: bytes) -> None:
+        self.inner.delete(self._ours(key), value)
+
+    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
+        self.inner.move(self._ours(src), self._ours(dest), value)
 
 
 class StoppableDatabase(ExampleDatabase):

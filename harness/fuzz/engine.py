@@ -24,15 +24,20 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.database import ExampleDatabase
 from hypothesis.errors import Flaky, Unsatisfiable
-from hypothesis.reporting import with_reporter
 
 from harness.check.judge import ScenarioResult, judge
 from harness.fuzz import profiles  # noqa: F401 - registers the profiles by name
-from harness.fuzz.database import SharedFailures, StoppableDatabase, open_database
+from harness.fuzz.database import (
+    KeyedDatabase,
+    SharedFailures,
+    StoppableDatabase,
+    open_database,
+)
 from harness.fuzz.reduce import reduce_scenario
 from harness.fuzz.run_log import ExampleEntry, FindingEntry, VerdictEntry, append
 from harness.fuzz.variants import Variant
-from harness.gen.strategies import fuzz_configs, scenarios, steering
+from harness.gen.aim import steering
+from harness.gen.strategies import fuzz_configs, scenarios
 from harness.history.scenario_history import ScenarioHistory
 from harness.scenario import Scenario
 from harness.timeouts import Timeouts
@@ -262,37 +267,13 @@ def fuzz(variant: Variant, run: Callable[[Scenario], ScenarioHistory], *, world:
     fixed = dict(fixed or {})
     key = database_key(variant, fixed, dp_sizes)
     opened = open_database(database) if isinstance(database, str) else database
-    db = StoppableDatabase(opened) if opened is not None else None
+    db = StoppableDatabase(KeyedDatabase(opened, key)) if opened is not None else None
     search = _Search(run, variant, world, budget, Path(log_path) if log_path else None,
-                     progress, hunt, SharedFailures(db, key) if db is not None else None, db)
-    strategy = scenario_strategy(variant, fixed, dp_sizes)
-    phases = [Phase.reuse, Phase.generate, Phase.target, Phase.shrink]
-    reports: list[str] = []
-
-    @settings(settings.get_profile(profile), max_examples=budget.max_examples,
-              database=db,
-              deadline=None, phases=phases, report_multiple_bugs=False, print_blob=True,
-              verbosity=Verbosity.quiet, suppress_health_check=list(HealthCheck))
-    @given(st.data())
-    def probe(data: st.DataObject) -> None:
-        search.calls += 1
-        scenario = data.draw(strategy, label="scenario")
-        for label, value in steering(scenario).items():
-            target(value, label=label)
-        verdict = search.verdict(scenario)
-        if verdict is not None and not verdict.ok:
-            # Hypothesis replays the minimal example last: this ends up the shrunk one.
-            search.last_failing = scenario
-            raise _CheckerFailed(verdict)
-
-    # Read from the @given wrapper, not the inner test: set there, it keeps variants apart.
-    probe._hypothesis_internal_database_key = key
-    if seed is not None:
-        # Hypothesis's @seed also turns the database off; a seeded job must still share.
-        probe = hypothesis_seed(seed)(probe)
-        probe._hypothesis_internal_use_settings = settings(
-            probe._hypothesis_internal_use_settings, database=db)
-    failure, note = _run_until_settled(probe, search, reports)
+                     progress, hunt, SharedFailures(opened, key) if opened is not None else None,
+                     db)
+    probe = _hypothesis_test(search, scenario_strategy(variant, fixed, dp_sizes), profile, db,
+                             seed)
+    failure, note = _run_until_settled(probe, search)
     seconds = search.elapsed()
     if failure is None:
         return FuzzOutcome(variant.name, world, False, None, "", None, search.examples,
@@ -311,22 +292,47 @@ def fuzz(variant: Variant, run: Callable[[Scenario], ScenarioHistory], *, world:
                           failure.verdict.detail, shrunk, search.examples, seconds,
                           found_examples, found_seconds,
                           replay_command(str(path), world, world_flags),
-                          _blob(failure, reports), note, tuple(search.flaky),
+                          _blob(failure), note, tuple(search.flaky),
                           search.replayed, search.found_by, search.restarts)
     if search.log_path is not None:
         append(search.log_path, finding_entry(search.run_id, outcome))
     return outcome
 
 
-def _run_until_settled(probe: Callable[[], None], search: _Search,
-                       reports: list[str]) -> tuple[_CheckerFailed | None, str]:
+def _hypothesis_test(search: _Search, strategy: st.SearchStrategy[Scenario], profile: str,
+                     db: ExampleDatabase | None, seed: int | None) -> Callable[[], None]:
+    """The Hypothesis test of one search: draw, steer, run on the world, fail on a verdict."""
+
+    def probe(data: st.DataObject) -> None:
+        search.calls += 1
+        scenario = data.draw(strategy, label="scenario")
+        for label, value in steering(scenario).items():
+            target(value, label=label)
+        verdict = search.verdict(scenario)
+        if verdict is not None and not verdict.ok:
+            # Hypothesis replays the minimal example last: this ends up the shrunk one.
+            search.last_failing = scenario
+            raise _CheckerFailed(verdict)
+
+    test = given(st.data())(probe)
+    if seed is not None:
+        test = hypothesis_seed(seed)(test)
+    # Applied over @seed, which turns the database off: a seeded job still shares it.
+    return settings(settings.get_profile(profile), max_examples=search.budget.max_examples,
+                    database=db, deadline=None,
+                    phases=[Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
+                    report_multiple_bugs=False, print_blob=True, verbosity=Verbosity.quiet,
+                    suppress_health_check=list(HealthCheck))(test)
+
+
+def _run_until_settled(probe: Callable[[], None],
+                       search: _Search) -> tuple[_CheckerFailed | None, str]:
     """Run the Hypothesis test, again each time another process shares a failure (the
     memo keeps what was run); returns the failure raised, or why the search ended."""
     while True:
         search.begin_run()
         try:
-            with with_reporter(reports.append):
-                probe()
+            probe()
             return None, ""
         except _SharedFailure:
             search.restarts += 1
@@ -355,8 +361,9 @@ def finding_entry(run_id: str, outcome: FuzzOutcome) -> FindingEntry:
 _BLOB = re.compile(r"@reproduce_failure\([^)]*\)")
 
 
-def _blob(failure: BaseException, reports: list[str]) -> str | None:
-    for text in [*getattr(failure, "__notes__", []), *reports]:
+def _blob(failure: BaseException) -> str | None:
+    """The `@reproduce_failure` line Hypothesis noted on the failure (print_blob)."""
+    for text in getattr(failure, "__notes__", []):
         match = _BLOB.search(text)
         if match:
             return match.group(0)

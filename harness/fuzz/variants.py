@@ -163,7 +163,17 @@ EXEC_VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("vllm-exec", "the harness's decisions executed by vllm's UBatchRunner, ubatching "
             "contexts and ModelCudaGraphManager, fault-free: every checker must hold",
             changes=(("execution", "vllm"),), undo=(("execution", "harness"),)),
+    # A planted slip (docs/spec.md §11), named alone: `all` hunts vLLM as it ships.
+    Variant("ht-missing-compute-wait", "the high-throughput all-to-all returns to compute "
+            "with vllm's dbo_switch_to_compute, no event wait, so the compute stream reads "
+            "the comm stream's receive unordered (right rows on CPU, a race on a GPU)",
+            changes=(("sut", "vllm"), ("execution", "vllm"), ("switch_to_compute", "no-wait")),
+            undo=(("switch_to_compute", "sync"),), caught_by=("stream_order",),
+            hunt=("stream_order",), ubatch_counts=(2, 3),
+            drawn=(*EXEC_HUNT_DRAWN, ("all2all_backend", st.just("deepep_high_throughput")))),
 )}
+# What `--sut vllm --exec vllm --variant all` hunts: vLLM's execution code as it ships.
+EXEC_DEFAULT_HUNTS = ("vllm-exec-hang", "vllm-exec-crash")
 
 
 def expects_a_finding(variant_name: str) -> bool:

@@ -17,9 +17,9 @@ from harness.batch import RankBatch, dummy_query_lens
 from harness.config import All2AllBackend, CudaGraphMode, Guard, HarnessConfig, ubatching_fields
 from harness.errors import ConfigError
 from harness.faults import Fault, FaultKind
+from harness.gen.aim import steps_with_microbatch_threads
 from harness.scenario import RankStep, Scenario
-from harness.sut.step_plan import plan_without_world
-from harness.sut.thresholds import last_region_start
+from harness.spec.decision import last_region_start
 
 GRAPH_MODES = (CudaGraphMode.FULL, CudaGraphMode.FULL_DECODE_ONLY,
                CudaGraphMode.FULL_AND_PIECEWISE, CudaGraphMode.NONE)
@@ -352,13 +352,6 @@ def faults(draw, config: HarnessConfig, num_steps: int, kinds: Sequence[FaultKin
     return (fault,)
 
 
-def steps_with_microbatch_threads(config: HarnessConfig,
-                                  steps: Sequence[Sequence[RankBatch]]) -> list[int]:
-    """The steps the harness's own decision runs as eager microbatched steps."""
-    return [i for i, batches in enumerate(steps)
-            if plan_without_world(config, batches)[0].kind == "eager-microbatched"]
-
-
 @st.composite
 def scenarios(draw, config_strategy: st.SearchStrategy[HarnessConfig], *,
               max_steps: int = 2, fault_kinds: Sequence[FaultKind] = (),
@@ -376,25 +369,3 @@ def scenarios(draw, config_strategy: st.SearchStrategy[HarnessConfig], *,
         threaded = steps_with_microbatch_threads(config, drawn)
         planted = draw(faults(config, len(ranks), fault_kinds, threaded))
     return Scenario(config, tuple(ranks), planted, name=name)
-
-
-def steering(scenario: Scenario) -> dict[str, float]:
-    """What `target()` maximises: closeness of the smallest rank to the last region start of
-    the graph the largest rank pads to (the guard boundary), the most padding of a rank, and
-    the number of steps that replay a microbatched graph."""
-    config = scenario.config
-    k = max(config.num_ubatches, 2)
-    closeness, padding, twin_replays = -float(config.max_num_batched_tokens), 0.0, 0.0
-    for i in range(len(scenario.steps)):
-        batches = scenario.batches(i)
-        counts = [b.num_tokens for b in batches]
-        graph = next((g for g in config.cudagraph_capture_sizes if g >= max(counts)), None)
-        if graph is not None:
-            boundary = last_region_start(graph, k)
-            closeness = max(closeness, -float(abs(min(counts) - boundary)))
-        plans = plan_without_world(config, batches)
-        padding = max(padding, *(float(p.num_tokens - p.real_tokens) for p in plans))
-        # Steps that replay a twin: rare once k >= 3 (the guard wants min > (G // k) * (k-1)).
-        twin_replays += float(plans[0].kind == "full-microbatched")
-    return {"guard boundary closeness": closeness, "padding": padding,
-            "microbatched replays": twin_replays}

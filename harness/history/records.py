@@ -5,11 +5,12 @@ Tensors are stored as nested tuples of floats so a record is serialisable and ha
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from harness.history.codec import decode, encode
 from harness.history.decision import StepPlan
 from harness.history.step_error import StepError
 
@@ -63,6 +64,18 @@ class RecvEvent:
 
 
 @dataclass(frozen=True)
+class StreamOp:
+    """One entry of a step's stream order on the CPU stand-in streams, in issue order: an
+    event "record" or "wait" on `stream` (`subject` names the event), or a tracked tensor's
+    "write" or "read" on it (`subject` names the tensor, `op` what touched it)."""
+
+    kind: str  # "record", "wait", "write" or "read"
+    stream: str
+    subject: str  # e.g. "event-3", or "dispatch recv of microbatch 1"
+    op: str = ""  # an access's op, e.g. "all_to_all", "experts"
+
+
+@dataclass(frozen=True)
 class VllmExecTrace:
     """What a step under vLLM's own execution code left for the checkers to read."""
 
@@ -73,6 +86,9 @@ class VllmExecTrace:
     leftovers: tuple[str, ...]
     # Event records and waits on the stand-in streams, in issue order ("record ev on s").
     stream_events: tuple[str, ...] = ()
+    # The same records and waits with each tracked tensor's writes and reads, in one issue
+    # order (empty where the streams are real CUDA streams): harness/check/stream_order.py.
+    stream_order: tuple[StreamOp, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -109,19 +125,12 @@ class StepRecord:
                    injected_fault=injected_fault, seconds=0.0)
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        plan = self.plan
-        data["plan"] = None if plan is None else {
-            "kind": plan.kind, "graph": plan.desc.label(), "num_tokens": plan.num_tokens,
-            "num_reqs": plan.num_reqs,
-            "regions": [[r.tokens, r.real_tokens] for r in plan.regions]}
-        if self.error is not None:
-            data["error"]["origin"] = self.error.origin.value
-        for ubatch_error in (data["vllm_exec"] or {}).get("ubatch_errors", ()):
-            ubatch_error["error"]["origin"] = ubatch_error["error"]["origin"].value
-        for bulky in ("outputs", "state", "routes"):
-            data.pop(bulky)
-        return data
+        """Every field as plain JSON data, outputs and state exactly: `from_dict` reads it."""
+        return encode(self, StepRecord)
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "record") -> StepRecord:
+        return decode(data, cls, where)
 
 
 def span(sl) -> Span:

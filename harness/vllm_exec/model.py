@@ -24,6 +24,7 @@ from types import ModuleType
 
 import torch
 
+from harness.bug_switches import SwitchToCompute
 from harness.config import All2AllBackend, HarnessConfig
 from harness.faults import Fault, FaultKind, InjectedFault
 from harness.history.records import RecvEvent, UbatchError
@@ -32,8 +33,10 @@ from harness.model.mini_moe import MiniMoE
 from harness.model.state import StateCache
 from harness.model.step_buffers import Microbatch
 from harness.model.weights import DTYPE
+from harness.vllm_exec.stream_log import OFF, StreamLog
 
 LAYER = "mini.attn"  # the one attention layer's name in vLLM's per-layer metadata
+READER = {"dispatch": "experts", "combine": "combine gather"}  # what reads each receive
 
 
 @dataclass(frozen=True)
@@ -104,9 +107,11 @@ class VllmStyleMoE(MiniMoE):
     """MiniMoE whose all-to-alls hand off through vLLM's ubatching functions, with faults."""
 
     def __init__(self, config: HarnessConfig, rank: int, all_to_all, ubatching: ModuleType,
-                 device: str = "cpu") -> None:
+                 device: str = "cpu", stream_log: StreamLog = OFF) -> None:
         super().__init__(config, rank, all_to_all, device=device)
         self.u = ubatching
+        self.stream_log = stream_log
+        self.switch_sync = config.switch_to_compute is SwitchToCompute.SYNC
         self.overlap = _VllmOverlap(ubatching)
         self.trace = StepTrace()
         self.faults: dict[int, set[FaultKind]] = {}
@@ -137,20 +142,26 @@ class VllmStyleMoE(MiniMoE):
         stage = FaultKind.RAISE_IN_DISPATCH if nth == 0 else FaultKind.RAISE_IN_COMBINE
         if self._has(ub, stage):
             raise InjectedFault(f"injected failure in microbatch {ub}'s {what}")
+        # The caller packed the send buffer on the current stream just now.
+        self.stream_log.access("write", f"{what} send of microbatch {ub}", f"{what} pack")
         if self.blocking_all_to_all:
             self._blocking(out, inp, ub, what)
         else:
             self._with_recv_hook(out, inp, ub, what)
+        # The caller reads the receive next, on the stream current now.
+        self.stream_log.access("read", f"{what} recv of microbatch {ub}", READER[what])
         if nth == 0 and self._has(ub, FaultKind.RAISE_IN_UBATCH):
             raise InjectedFault(f"injected failure in microbatch {ub} after its first yield")
 
     def _with_recv_hook(self, out, inp, ub: int, what: str) -> None:
         rid = self.trace.new_receive(ub, what)
+        self.stream_log.access("read", f"{what} send of microbatch {ub}", "all_to_all")
         wait = self.all_to_all(out, inp)
         faulty = self._has(ub, FaultKind.RAISE_IN_RECV_HOOK)
 
         def hook() -> None:
             wait()
+            self.stream_log.access("write", f"{what} recv of microbatch {ub}", "all_to_all")
             # Not vLLM's dbo_current_ubatch_id: a context runs hooks on its way out too,
             # after it has left vLLM's thread map.
             self.trace.note("hook", rid, self.running.ubatch, what)
@@ -171,11 +182,18 @@ class VllmStyleMoE(MiniMoE):
             self.u.dbo_yield_and_switch_from_compute_to_comm()
             self._slow(ub)
         rid = self.trace.new_receive(ub, what)
+        self._log_all_to_all(ub, what)
         self.all_to_all(out, inp)()
         self.trace.note("hook", rid, ub, what)
-        if enabled:
+        if enabled and self.switch_sync:
             self.u.dbo_switch_to_compute_sync()
+        elif enabled:
+            self.u.dbo_switch_to_compute()  # the planted slip: no event for compute to wait on
         self.trace.note("read", rid, ub, what)
+
+    def _log_all_to_all(self, ub: int, what: str) -> None:
+        self.stream_log.access("read", f"{what} send of microbatch {ub}", "all_to_all")
+        self.stream_log.access("write", f"{what} recv of microbatch {ub}", "all_to_all")
 
     def _yield(self, ub: int) -> None:
         self.u.dbo_yield()

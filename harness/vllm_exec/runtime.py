@@ -88,7 +88,7 @@ class VllmExecRuntime:
         self.log = CollectiveLog(trace_path)
         self.moe = VllmStyleMoE(config, rank, LoggedAllToAll(
             EagerAllToAll(group, collective_timeout_s), self.log), self.code.ubatching,
-            device=self.device)
+            device=self.device, stream_log=self.stand_ins.stream_log)
         self.cache = StateCache(config.max_num_reqs, config.hidden_size, self.device)
         self.cache.state.copy_(initial_state(config, rank))
         self.model = MiniModel(self.moe, self.cache, forward_context)
@@ -165,6 +165,8 @@ class VllmExecRuntime:
             error = error_of(exc)
         finally:
             self.stand_ins.capture_observer = contextlib.nullcontext
+            if isinstance(self.stand_ins, CudaStandIns):
+                self.stand_ins.join_streams()
         planned = tuple(d.label() for d in self.table.capture_order()
                         if d.cg_mode is CudaGraphMode.FULL)
         return StartupRecord(self.rank, planned, self._graph_records(), error,
@@ -199,6 +201,7 @@ class VllmExecRuntime:
         start = time.monotonic()
         batch = rank_step.batch(self.config.decode_query_len)
         mark, events = self.log.mark(), len(self.stand_ins.event_log)
+        order = self.stand_ins.stream_log.mark()
         trace = self.moe.arm(faults)
         self.stand_ins.thread_setup.arm(_setup_fault(faults))
         plan, ran, error = None, None, None
@@ -217,7 +220,8 @@ class VllmExecRuntime:
         readable = self.fence is None or self.fence.wedged is None
         fingerprint = self.log.since(mark) + (ran.graph_fingerprint if ran else ())
         exec_trace = VllmExecTrace(tuple(trace.errors), tuple(trace.recv), self._leftovers(),
-                                   tuple(self.stand_ins.event_log[events:]))
+                                   tuple(self.stand_ins.event_log[events:]),
+                                   self.stand_ins.stream_log.since(order))
         return StepRecord(
             rank=self.rank, step=index, plan=plan,
             executed=ran.executed if ran else "failed",

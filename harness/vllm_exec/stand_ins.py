@@ -46,6 +46,7 @@ import torch
 from harness.runtime.emulated_graph import EmulatedGraph, EmulatedGraphs, EmulatedPool
 from harness.runtime.graphs import CUDA_EMPTY_GRAPH_WARNING
 from harness.runtime.streams import CpuStreams, LogicalEvent, LogicalStream
+from harness.vllm_exec.stream_log import OFF, StreamLog
 
 
 class _ThreadSetupHook:
@@ -127,6 +128,7 @@ class _StandIns(abc.ABC):
         self.thread_setup = _ThreadSetupHook()
         self.event_ids = itertools.count()
         self.event_log: list[str] = []  # list.append is atomic: threads share it
+        self.stream_log: StreamLog = OFF  # tensor accesses beside the events: CPU ranks only
         # Entered around every capture (the runtime notes which collectives each graph holds).
         self.capture_observer: Callable[[Any], Any] = contextlib.nullcontext
         self._streams_made = itertools.count()
@@ -189,14 +191,17 @@ class _TracedEvent(LogicalEvent):
     def __init__(self, stand_ins: CpuStandIns, name: str) -> None:
         super().__init__(stand_ins.streams, name)
         self._log = stand_ins.event_log
+        self._order = stand_ins.stream_log
 
     def record(self, stream: LogicalStream | None = None) -> None:
         super().record(stream)
         self._log.append(f"record {self.name} on {self.last_recorded_on}")
+        self._order.event("record", self.last_recorded_on, self.name)
 
     def wait(self, stream: LogicalStream | None = None) -> None:
         super().wait(stream)
         on = self.runtime.resolve(stream).name
+        self._order.event("wait", on, self.name)
         self._log.append(f"wait {self.name} on {on}" + ("" if self.num_records else
                                                           " (never recorded)"))
 
@@ -242,6 +247,7 @@ class CpuStandIns(_StandIns):
     def __init__(self, collective_timeout_s: float) -> None:
         super().__init__()
         self.streams = CpuStreams("cpu")
+        self.stream_log = StreamLog(self.current_stream)
         self.graphs = EmulatedGraphs(self.streams, collective_timeout_s)
         self.pool = EmulatedPool()
         self.proxy = _TorchProxy(_CpuCuda(self), _AcceleratorNamespace(self, real=False))
@@ -339,6 +345,14 @@ class CudaStandIns(_StandIns):
         """Every stream vLLM's code made here and the calling thread's current one: the work
         the rank has queued on its device (harness/runtime/device_fence.py waits for it)."""
         return [*self.streams_made, torch.cuda.current_stream(self.device)]
+
+    def join_streams(self) -> None:
+        """Order the current stream after all work vLLM's code queued on its own streams: the
+        capture's warm-up writes the state on the capture stream, and the harness resets it
+        on the current one (a race the CUDA sanitizer found)."""
+        current = torch.cuda.current_stream(self.device)
+        for stream in self.streams_made:
+            current.wait_stream(stream)
 
     def stream_name(self, stream: torch.cuda.Stream) -> str:
         return self.stream_names.get(stream.stream_id, f"cuda-stream-{stream.stream_id}")

@@ -4,18 +4,21 @@ torchrun and fed by a driver."""
 
 from __future__ import annotations
 
-import harness.vllm_exec  # noqa: F401 - ranks with execution=vllm find vLLM's runner
-import harness.vllm_sut  # noqa: F401 - ranks with sut=vllm find vLLM's decision code
 from harness.errors import ConfigError
 from harness.timeouts import DEFAULT_TIMEOUTS, Timeouts
+from harness.world.protocol import World
+
+__all__ = ["BACKENDS", "BACKEND_HELP", "DEVICES", "DEVICE_HELP", "WORLDS", "World",
+           "add_backend_flags", "check_execution_backend", "open_world", "world_for"]
 
 WORLDS = ("sim", "torchrun")
 
 
 def open_world(kind: str, nproc: int, backend: str = "gloo",
                timeouts: Timeouts = DEFAULT_TIMEOUTS, device: str | None = None,
-               preload_vllm: bool = False):
-    """A world with `.run(scenario) -> ScenarioHistory` and `.close() -> leftover pids`.
+               preload_vllm: bool = False) -> World:
+    """A world of `nproc` ranks (harness/world/protocol.py); every world registers vLLM's
+    code as it opens (harness/world/vllm_slots.py).
     `device` is where the ranks' tensors live (None: the backend's own, cuda for nccl);
     with gloo on CUDA the graphs are emulated. `preload_vllm`: torchrun ranks import vLLM
     before they say ready, so that its imports (12 s on two cores) fall in no deadline."""
@@ -23,11 +26,11 @@ def open_world(kind: str, nproc: int, backend: str = "gloo",
         if backend != "gloo" or device not in (None, "cpu"):
             raise ConfigError("backend" if backend != "gloo" else "device",
                               "the sim world runs gloo on the CPU only")
-        from harness.world.sandbox import SandboxedSimWorld
+        from harness.world.sandbox.world import SandboxedSimWorld
 
         return SandboxedSimWorld(nproc, timeouts)
     if kind == "torchrun":
-        from harness.world.torchrun import TorchrunWorld
+        from harness.world.torchrun.world import TorchrunWorld
 
         # A hang under vLLM's execution code always costs a relaunch with vLLM's imports:
         # keep one booting beside the world (docs/measurements.md).

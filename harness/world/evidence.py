@@ -8,6 +8,8 @@ import signal
 import time
 from pathlib import Path
 
+from harness.world.trace_layout import TraceLayout
+
 STACKS_WAIT_S = 1.0  # for every rank to dump its stacks on SIGUSR1
 FATAL_PREFIX = "Fatal Python error: "  # faulthandler's first line on a fatal signal
 
@@ -17,7 +19,8 @@ def rank_evidence(headline: str, trace_dir: Path, pids: dict[int, int], nproc: i
     """Stacks of every rank (of `ranks`, when given: those of one node) and the tail of its
     collective trace, under `headline`."""
     ranks = list(range(nproc)) if ranks is None else ranks
-    stacks = {rank: trace_dir / f"stacks-{rank}.txt" for rank in ranks}
+    layout = TraceLayout(trace_dir)
+    stacks = {rank: layout.stacks(rank) for rank in ranks}
     before = {rank: _size(path) for rank, path in stacks.items()}
     asked = []
     for rank, pid in pids.items():
@@ -34,7 +37,7 @@ def rank_evidence(headline: str, trace_dir: Path, pids: dict[int, int], nproc: i
     time.sleep(0.05)  # the last lines of a dump that has begun
     lines = [headline]
     for rank in ranks:
-        trace = trace_dir / f"collectives-{rank}.txt"
+        trace = layout.collectives(rank)
         tail = trace.read_text().splitlines()[-2:] if trace.exists() else []
         lines.append(f"rank {rank} trace tail: {' | '.join(tail) or 'none'}")
     for rank in ranks:
@@ -46,7 +49,7 @@ def rank_evidence(headline: str, trace_dir: Path, pids: dict[int, int], nproc: i
 def fatal_error(trace_dir: Path, rank: int) -> str | None:
     """How the rank's process died, as faulthandler wrote it ("Aborted", "Segmentation
     fault"), or None when it did not die of a fatal signal."""
-    stacks = trace_dir / f"stacks-{rank}.txt"
+    stacks = TraceLayout(trace_dir).stacks(rank)
     if not stacks.exists():
         return None
     for line in stacks.read_text(errors="replace").splitlines():
@@ -58,7 +61,7 @@ def fatal_error(trace_dir: Path, rank: int) -> str | None:
 def last_collective(trace_dir: Path, rank: int) -> str | None:
     """The last collective the rank issued in its latest step ("all_to_all [258, 19]
     float64"), from its trace; None when that step issued none."""
-    trace = trace_dir / f"collectives-{rank}.txt"
+    trace = TraceLayout(trace_dir).collectives(rank)
     lines = trace.read_text().splitlines() if trace.exists() else []
     step_start = max((i for i, line in enumerate(lines) if line.startswith("-- ")), default=-1)
     issued = [line for line in lines[step_start + 1:] if line.startswith("#")]

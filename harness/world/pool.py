@@ -7,7 +7,7 @@ from harness.errors import ConfigError
 from harness.history.scenario_history import ScenarioHistory
 from harness.scenario import Scenario
 from harness.timeouts import Timeouts
-from harness.world import open_world, world_for
+from harness.world import World, open_world, world_for
 
 
 class WorldPool:
@@ -23,7 +23,7 @@ class WorldPool:
         self.timeouts = timeouts
         self.preload_vllm = preload_vllm
         self.nproc = nproc
-        self._worlds: dict[tuple[str, int], object] = {}
+        self._worlds: dict[tuple[str, int], World] = {}
         if nproc is not None:
             # Bad input (backend, GPU count) is reported before any search.
             self._open(self.kind, nproc)
@@ -34,7 +34,7 @@ class WorldPool:
         world = self._worlds.get((kind, dp)) or self._open(kind, dp)
         return world.run(scenario)
 
-    def _open(self, kind: str, dp: int):
+    def _open(self, kind: str, dp: int) -> World:
         world = open_world(kind, dp, self.backend, self.timeouts, self.device,
                            preload_vllm=self.preload_vllm)
         self._worlds[(kind, dp)] = world

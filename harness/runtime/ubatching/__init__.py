@@ -5,6 +5,7 @@ docs/spec.md §5. Two variants, chosen by name: ``stock`` (faithful to vLLM, bug
 
 - `errors`: what a run raises (`ProtocolError`, `MicrobatchAborted`, `MicrobatchFailed`,
   `MicrobatchHang`).
+- `member`: what a policy may touch of a context (`RingMember`), so it never imports the ring.
 - `protocols`: the variants as policies (`StockProtocol`, `AbortableProtocol`).
 - `ring`: one microbatch's end of the ring (`UBatchContext`) and a run's shared state.
 - `threads`: `MicrobatchThreads`, which starts, finishes and aborts runs.

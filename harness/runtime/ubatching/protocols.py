@@ -9,17 +9,12 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from harness.runtime.overlap import RecvHook
 from harness.runtime.ubatching.errors import MicrobatchAborted
-
-if TYPE_CHECKING:
-    from harness.runtime.ubatching.ring import UBatchContext
-
-Slots = Sequence["UBatchContext | None"]
+from harness.runtime.ubatching.member import RingMember, Slots
 
 
 class RingProtocol(ABC):
@@ -30,24 +25,24 @@ class RingProtocol(ABC):
     unwinds_siblings: ClassVar[bool]
 
     @abstractmethod
-    def run_hooks(self, me: UBatchContext) -> None:
+    def run_hooks(self, me: RingMember) -> None:
         """Run (and clear) the receive hooks pending for `me`."""
 
     @abstractmethod
-    def leave_hook(self, me: UBatchContext, peer: UBatchContext | None,
+    def leave_hook(self, me: RingMember, peer: RingMember | None,
                    hook: RecvHook) -> None:
         """Hand `me`'s receive to `peer`, its ring successor (None once it has exited)."""
 
     @abstractmethod
-    def next_to_wake(self, me: UBatchContext, slots: Slots) -> threading.Event | None:
+    def next_to_wake(self, me: RingMember, slots: Slots) -> threading.Event | None:
         """The event `me` sets to pass the turn on; None when there is nobody to pass it to."""
 
     @abstractmethod
-    def after_turn(self, me: UBatchContext) -> None:
+    def after_turn(self, me: RingMember) -> None:
         """`me` has the turn back at the end of a yield."""
 
     @abstractmethod
-    def settle_hooks_at_exit(self, me: UBatchContext, error: BaseException | None) -> None:
+    def settle_hooks_at_exit(self, me: RingMember, error: BaseException | None) -> None:
         """`me` leaves the ring; `error` is None when its body returned."""
 
     @abstractmethod
@@ -69,24 +64,24 @@ class StockProtocol(RingProtocol):
     name: ClassVar[str] = "stock"
     unwinds_siblings: ClassVar[bool] = False
 
-    def run_hooks(self, me: UBatchContext) -> None:
+    def run_hooks(self, me: RingMember) -> None:
         if me.recv_hook is not None:
             hook, me.recv_hook = me.recv_hook, None
             hook()
 
-    def leave_hook(self, me: UBatchContext, peer: UBatchContext | None,
+    def leave_hook(self, me: RingMember, peer: RingMember | None,
                    hook: RecvHook) -> None:
         if peer is not None and peer.recv_hook is not None:
             peer.dropped_hooks += 1  # vLLM overwrites the slot
         peer.recv_hook = hook  # peer None -> AttributeError, bug §7.3 of docs/spec.md
 
-    def next_to_wake(self, me: UBatchContext, slots: Slots) -> threading.Event:
+    def next_to_wake(self, me: RingMember, slots: Slots) -> threading.Event:
         return me.signal_event  # the fixed ring neighbour, whether or not it has exited
 
-    def after_turn(self, me: UBatchContext) -> None:
+    def after_turn(self, me: RingMember) -> None:
         return None
 
-    def settle_hooks_at_exit(self, me: UBatchContext, error: BaseException | None) -> None:
+    def settle_hooks_at_exit(self, me: RingMember, error: BaseException | None) -> None:
         me.maybe_run_recv_hook()  # as vLLM's context exit: even after a failure
 
     def wakes_next_on_exit(self, error: BaseException | None) -> bool:
@@ -109,19 +104,19 @@ class AbortableProtocol(RingProtocol):
     name: ClassVar[str] = "abortable"
     unwinds_siblings: ClassVar[bool] = True
 
-    def run_hooks(self, me: UBatchContext) -> None:
+    def run_hooks(self, me: RingMember) -> None:
         while me.inbox or me.own_hooks:
             hook = (me.inbox or me.own_hooks).pop(0)
             hook()
 
-    def leave_hook(self, me: UBatchContext, peer: UBatchContext | None,
+    def leave_hook(self, me: RingMember, peer: RingMember | None,
                    hook: RecvHook) -> None:
         if peer is None or peer is me:
             me.own_hooks.append(hook)  # nobody left to receive it: I wait for it myself
         else:
             peer.inbox.append(hook)
 
-    def next_to_wake(self, me: UBatchContext, slots: Slots) -> threading.Event | None:
+    def next_to_wake(self, me: RingMember, slots: Slots) -> threading.Event | None:
         k = len(slots)
         for step in range(1, k):
             peer = slots[(me.id + step) % k]
@@ -129,11 +124,11 @@ class AbortableProtocol(RingProtocol):
                 return peer.wait_event
         return None
 
-    def after_turn(self, me: UBatchContext) -> None:
+    def after_turn(self, me: RingMember) -> None:
         while me.own_hooks:  # my receive whose target had exited, before my body reads it
             me.own_hooks.pop(0)()
 
-    def settle_hooks_at_exit(self, me: UBatchContext, error: BaseException | None) -> None:
+    def settle_hooks_at_exit(self, me: RingMember, error: BaseException | None) -> None:
         try:
             if error is None:
                 me.maybe_run_recv_hook()

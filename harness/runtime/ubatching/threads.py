@@ -26,6 +26,7 @@ from harness.runtime.ubatching.errors import (
 )
 from harness.runtime.ubatching.protocols import DEFAULT_VARIANT, protocol_for
 from harness.runtime.ubatching.ring import RunState, UBatchContext
+from harness.timeouts import microbatch_join_wait_s
 
 T = TypeVar("T")
 
@@ -104,7 +105,7 @@ class MicrobatchThreads(Generic[T]):
         self.poll_interval_s = poll_interval_s
         self.barrier_timeout_s = barrier_timeout_s
         self.join_timeout_s = (join_timeout_s if join_timeout_s is not None
-                               else hang_timeout_s + 5.0)
+                               else microbatch_join_wait_s(hang_timeout_s))
         self._pending: RunState | None = None
         self._last: RunState | None = None
 

@@ -1,12 +1,12 @@
 """A torchrun worker: one DP rank that lives across many scenarios, fed by the driver.
 
     python -m torch.distributed.run --standalone --nproc-per-node N \\
-        -m harness.world.worker --control 127.0.0.1:PORT --driver-pid PID --trace-dir DIR
+        -m harness.world.torchrun.worker --control 127.0.0.1:PORT --driver-pid PID --trace-dir DIR
 
 It connects back to the driver, says hello (rank, pid), joins the process group, then runs
 every scenario it is sent, streaming its records back. It exits by itself when the driver
-or torchrun goes away, and dumps every thread's stack to DIR/stacks-RANK.txt on SIGUSR1 and on
-a fatal signal.
+or torchrun goes away, and dumps every thread's stack to its stacks file in DIR
+(harness/world/trace_layout.py) on SIGUSR1 and on a fatal signal.
 """
 
 from __future__ import annotations
@@ -31,13 +31,15 @@ from harness.sut.executions import rank_runtime_class
 from harness.sut.rank_runtime import RankRuntime
 from harness.sut.step_loop import run_steps
 from harness.timeouts import Timeouts
-from harness.world import wire
-from harness.world.collector import collector_paused
-from harness.world.gpus import GpuLayout, shared_gpu_environment, visible_gpus
-from harness.world.nodes import driver_address, peer_closed, worker_node, world_group_args
-from harness.world.parent_death import die_with_parent
-from harness.world.processes import pid_alive
-from harness.world.threads import new_gloo_group
+from harness.world.channel import wire
+from harness.world.multinode.nodes import driver_address, peer_closed, worker_node, world_group_args
+from harness.world.processes.collector import collector_paused
+from harness.world.processes.lifecycle import pid_alive
+from harness.world.processes.parent_death import die_with_parent
+from harness.world.sim.threads import new_gloo_group
+from harness.world.torchrun.gpus import GpuLayout, shared_gpu_environment, visible_gpus
+from harness.world.trace_layout import TraceLayout
+from harness.world.vllm_slots import register_vllm_code
 
 WATCHDOG_PERIOD_S = 0.5
 ARRIVAL_TIMEOUT_S = 60.0
@@ -91,9 +93,9 @@ def join_group(backend: str, device_type: str, timeout_s: float,
     With nccl the DP sync's CPU matrix goes over gloo and the expert all-to-alls (captured
     into real CUDA graphs) over NCCL, on one group. Each rank owns GPU LOCAL_RANK when there
     are enough GPUs; otherwise the ranks share them round-robin, each with its own NCCL host
-    identity (harness/world/gpus.py). With gloo on CUDA the ranks share the visible GPUs
+    identity (harness/world/torchrun/gpus.py). With gloo on CUDA the ranks share the visible GPUs
     round-robin too (gloo needs no identity). `group_args`: a store of this world's own
-    (multi-node, harness/world/nodes.py).
+    (multi-node, harness/world/multinode/nodes.py).
     """
     import torch
 
@@ -155,7 +157,7 @@ class Worker:
                         self.run_unattended(scenario_data, Timeouts(**message[2]))
 
     def regroup(self, generation: int, timeout_s: float) -> None:
-        """Leave the group a failed step broke for a fresh one (harness/world/torchrun.py,
+        """Leave the group a failed step broke for a fresh one (harness/world/torchrun/world.py,
         `_regroup`); everything built over the old group goes with it."""
         try:
             self.group = fresh_group(generation, timeout_s)
@@ -172,7 +174,7 @@ class Worker:
                 emulated_graphs=self.emulated_graphs,
                 collective_timeout_s=timeouts.collective_s,
                 hang_timeout_s=timeouts.hang_s,
-                trace_path=str(self.trace_dir / f"collectives-{self.rank}.txt"))
+                trace_path=str(TraceLayout(self.trace_dir).collectives(self.rank)))
             self.runtimes[key] = (runtime, runtime.startup())
         return self.runtimes[key]
 
@@ -197,7 +199,7 @@ class Worker:
         self.channel.send(("done",))
 
     def run_unattended(self, scenario_data: dict, timeouts: Timeouts) -> None:
-        """A scenario of a batch (harness/world/batches.py): fault-free, of a config this
+        """A scenario of a batch (harness/world/torchrun/batches.py): fault-free, of a config this
         world captured cleanly, so no go-ahead is waited for; the rank stops after a step
         of its own that failed, and sends every record in one message."""
         scenario = scenario_from_dict(scenario_data)
@@ -211,7 +213,7 @@ class Worker:
 
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="harness.world.worker")
+    parser = argparse.ArgumentParser(prog="harness.world.torchrun.worker")
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--control", help="the driver's HOST:PORT")
     where.add_argument("--control-store", metavar="HOST:PORT",
@@ -228,6 +230,7 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = _arguments(argv)
+    register_vllm_code()  # this rank may run vLLM's decision or execution code
 
     if args.driver_pid is not None:
         # The agent's death must end this rank even while it spins in a CUDA wait holding
@@ -236,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ["RANK"])
     trace_dir = Path(args.trace_dir)
     trace_dir.mkdir(parents=True, exist_ok=True)
-    stacks = open(trace_dir / f"stacks-{rank}.txt", "w")  # noqa: SIM115 - lives as long as we do
+    stacks = open(TraceLayout(trace_dir).stacks(rank), "w")  # noqa: SIM115 - lives as long as we do
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     # A fatal signal (an abort in a native library, a segfault) leaves its name and the
     # stacks there too, for the driver to name how the rank died.

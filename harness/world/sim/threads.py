@@ -18,6 +18,8 @@ import torch.distributed as dist
 
 from harness.errors import ErrorOrigin
 from harness.runtime.process_group import as_process_group
+from harness.timeouts import gloo_init_wait_s, thread_run_wait_s
+from harness.world.vllm_slots import register_vllm_code
 
 _world_ids = itertools.count()
 
@@ -98,6 +100,7 @@ class ThreadWorld:
     """A DP world of `size` thread ranks; use as a context manager, then `run`."""
 
     def __init__(self, size: int, timeout_s: float = 5.0) -> None:
+        register_vllm_code()  # its ranks may run vLLM's decision code
         self.size = size
         self.timeout_s = timeout_s
         self.groups: list[Any] = []
@@ -109,7 +112,7 @@ class ThreadWorld:
         # Group construction is itself a rendezvous: every rank must build concurrently.
         self.groups = run_in_threads(
             self.size, lambda r: new_gloo_group(store, r, self.size, self.timeout_s),
-            deadline_s=self.timeout_s + 5.0, name="gloo-init")
+            deadline_s=gloo_init_wait_s(self.timeout_s), name="gloo-init")
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -133,4 +136,4 @@ class ThreadWorld:
         return lambda rank: fn(rank, self.groups[rank])
 
     def _deadline(self, deadline_s: float | None) -> float:
-        return deadline_s if deadline_s is not None else 2 * self.timeout_s + 5.0
+        return deadline_s if deadline_s is not None else thread_run_wait_s(self.timeout_s)

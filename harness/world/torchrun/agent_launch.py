@@ -19,9 +19,10 @@ from pathlib import Path
 
 import psutil
 
-from harness.world.control_server import ControlServer
-from harness.world.processes import kill_all, package_pythonpath, wait_or_signal
-from harness.world.wire import CONTROL_KEY_ENV, new_control_key
+from harness.world.channel.control_server import ControlServer
+from harness.world.channel.wire import CONTROL_KEY_ENV, new_control_key
+from harness.world.processes.lifecycle import kill_all, package_pythonpath, wait_or_signal
+from harness.world.trace_layout import TraceLayout
 
 STOP_TIMEOUT_S = 10.0
 
@@ -52,20 +53,20 @@ class AgentLaunch:
 
 
 def launch_agent(nproc: int, worker_args: list[str]) -> AgentLaunch:
-    """Start torchrun's agent with `nproc` ranks of harness.world.worker, tied to this
-    process (harness/world/agent_guard.py); the ranks get a fresh key by environment."""
+    """Start torchrun's agent with `nproc` ranks of harness.world.torchrun.worker, tied to this
+    process (harness/world/torchrun/agent_guard.py); the ranks get a fresh key by environment."""
     trace_dir = Path(tempfile.mkdtemp(prefix="dbo-world-"))
     key = new_control_key()  # fresh per launch; reaches the workers by environment only
     server = ControlServer(key)
     me = str(os.getpid())
-    cmd = [sys.executable, "-m", "harness.world.agent_guard", "--driver-pid", me, "--",
+    cmd = [sys.executable, "-m", "harness.world.torchrun.agent_guard", "--driver-pid", me, "--",
            "--standalone", f"--nproc-per-node={nproc}", "--max-restarts=0",
-           "-m", "harness.world.worker", "--control", f"127.0.0.1:{server.port}",
+           "-m", "harness.world.torchrun.worker", "--control", f"127.0.0.1:{server.port}",
            "--driver-pid", me, "--trace-dir", str(trace_dir), *worker_args]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=package_pythonpath(),
                **{CONTROL_KEY_ENV: key.hex()})
     try:
-        with open(trace_dir / "torchrun.log", "wb") as log:  # the agent keeps its own copy
+        with open(TraceLayout(trace_dir).torchrun_log, "wb") as log:  # the agent keeps its own copy
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                     start_new_session=True)
     except BaseException:

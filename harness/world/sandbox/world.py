@@ -4,7 +4,7 @@ ending the harness.
 
 The runner process is persistent, like the in-process world it hosts: it keeps its groups
 and captured graphs across scenarios and is forked again (from a zygote that imported torch
-once, harness/world/sandbox_child.py) only after it died. Records come back as each step
+once, harness/world/sandbox/child.py) only after it died. Records come back as each step
 ends, so a death mid-scenario keeps the steps before it. Every wait here is bounded; a runner
 stuck past every bound of its own world is dumped (faulthandler) and killed.
 """
@@ -28,11 +28,13 @@ from harness.errors import ConfigError
 from harness.history.scenario_history import ScenarioHistory
 from harness.scenario import Scenario
 from harness.timeouts import DEFAULT_TIMEOUTS, Timeouts
-from harness.world.crash import crashed_history, describe_exit
+from harness.world.channel.wire import Channel, ChannelClosed
 from harness.world.evidence import last_collective, native_abort_message
-from harness.world.processes import package_pythonpath, pid_alive
-from harness.world.sim import refuse_threads_for_vllm_execution
-from harness.world.wire import Channel, ChannelClosed
+from harness.world.processes.lifecycle import package_pythonpath, pid_alive
+from harness.world.sandbox.crash import crashed_history, describe_exit
+from harness.world.sim.world import refuse_threads_for_vllm_execution
+from harness.world.trace_layout import TraceLayout
+from harness.world.vllm_slots import register_vllm_code
 
 ZYGOTE_START_S = 90.0  # an interpreter importing torch on a loaded machine
 REPLY_S = 10.0  # the zygote answers a fork or a reap request
@@ -54,7 +56,7 @@ class Zygote:
         log = open(self._dir / "zygote.log", "wb")  # noqa: SIM115 - closed below
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "harness.world.sandbox_child", "--fd",
+                [sys.executable, "-m", "harness.world.sandbox.child", "--fd",
                  str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True,
@@ -175,6 +177,7 @@ class SandboxedSimWorld:
     def __init__(self, nproc: int, timeouts: Timeouts = DEFAULT_TIMEOUTS,
                  margin_s: float = MARGIN_S) -> None:
         global _users
+        register_vllm_code()  # the driver judges what its runner ran
         self.nproc = nproc
         self.timeouts = timeouts
         self.margin_s = margin_s
@@ -191,6 +194,10 @@ class SandboxedSimWorld:
         self.close()
 
     @property
+    def _layout(self) -> TraceLayout:
+        return TraceLayout(self._dir)
+
+    @property
     def runner_pid(self) -> int | None:
         return self._runner[1] if self._runner else None
 
@@ -201,7 +208,7 @@ class SandboxedSimWorld:
                               f"but this world has {self.nproc}")
         self._load_system(scenario.config)
         channel, pid = self._ensure_runner()
-        stderr = self._dir / "stderr.txt"
+        stderr = self._layout.runner_stderr
         mark = stderr.stat().st_size if stderr.exists() else 0
         try:
             channel.send(("run", scenario.to_dict()))
@@ -212,8 +219,8 @@ class SandboxedSimWorld:
         while True:
             # The bounds of the world inside (group set-up, runtimes, capture; a step), plus
             # a margin: past them the runner itself is stuck.
-            bound = (t.startup_deadline_s + 3 * t.collective_s + 10.0 if startup is None
-                     else t.step_deadline_s + 5.0) + self.margin_s
+            bound = (t.sandbox_startup_wait_s if startup is None
+                     else t.step_wait_s) + self.margin_s
             try:
                 message = channel.recv(timeout_s=bound)
             except TimeoutError:
@@ -255,26 +262,26 @@ class SandboxedSimWorld:
                 code = self._end_runner()
                 raise SandboxError(f"the sim world's runner did not start ({hello!r}; it "
                                    f"ended with {describe_exit(code)}):\n"
-                                   f"{_read_from(self._dir / 'stderr.txt', 0)[-2000:]}")
+                                   f"{_read_from(self._layout.runner_stderr, 0)[-2000:]}")
         return self._runner
 
     def _died(self, scenario, startup, steps, mark: int) -> ScenarioHistory:
         returncode = self._end_runner()
         last = {r: last_collective(self._dir, r) for r in range(self.nproc)}
-        native_text = _read_from(self._dir / "stderr.txt", mark)
+        native_text = _read_from(self._layout.runner_stderr, mark)
         native = native_abort_message(native_text)
         index = "capture" if startup is None else f"step {len(steps)}"
         evidence = "\n".join([
             f"the sim world's process died of {describe_exit(returncode)} in {index}",
             *(f"rank {r} trace tail: {last[r] or 'none'}" for r in range(self.nproc)),
             f"--- stderr ---\n{native_text.strip() or '(nothing)'}",
-            f"--- stacks ---\n{_read_from(self._dir / 'stacks.txt', 0).strip() or '(none)'}"])
+            f"--- stacks ---\n{_read_from(self._layout.runner_stacks, 0).strip() or '(none)'}"])
         return crashed_history(scenario, self.timeouts, startup, steps, returncode, last,
                                native, evidence)
 
     def _stuck(self, scenario, startup, steps, bound: float) -> ScenarioHistory:
         """Past every bound of the world inside: its stacks, then a fresh runner next time."""
-        stacks = self._dir / "stacks.txt"
+        stacks = self._layout.runner_stacks
         before = stacks.stat().st_size if stacks.exists() else 0
         try:
             os.kill(self._runner[1], signal.SIGUSR1)

@@ -1,7 +1,7 @@
 """The sandbox's processes: a zygote that imports torch once and forks a runner per sim world,
 and the runner, which hosts the sim world's rank threads and streams their records back.
 
-    python -m harness.world.sandbox_child --fd N
+    python -m harness.world.sandbox.child --fd N
 
 The zygote talks to the driver over the socket pair end it inherited as fd N; the driver
 hands it the runner's end of a fresh socket pair with each fork request (SCM_RIGHTS), so
@@ -32,25 +32,24 @@ from harness.config import HarnessConfig
 from harness.scenario import scenario_from_dict
 from harness.sut import systems
 from harness.timeouts import Timeouts
-from harness.world.parent_death import die_with_parent
-from harness.world.sim import SimWorld
-from harness.world.wire import Channel, ChannelClosed
+from harness.world.channel.wire import Channel, ChannelClosed
+from harness.world.processes.parent_death import die_with_parent
+from harness.world.sim.world import SimWorld
+from harness.world.trace_layout import TraceLayout
+from harness.world.vllm_slots import register_vllm_code
 
 FD_WAIT_S = 10.0  # the runner's fd follows its fork request at once
 REAP_POLL_S = 0.01
 
 
-def trace_file(trace_dir: Path, rank: int) -> Path:
-    return trace_dir / f"collectives-{rank}.txt"
-
-
 def run_runner(fd: int, nproc: int, timeouts: Timeouts, trace_dir: Path) -> None:
     """The runner's loop: a persistent sim world fed scenarios until its channel closes."""
     # Native messages (gloo's "terminate called ... what(): ...") land where the driver reads.
-    err = os.open(trace_dir / "stderr.txt", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    layout = TraceLayout(trace_dir)
+    err = os.open(layout.runner_stderr, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(err, 2)
     os.close(err)
-    stacks = open(trace_dir / "stacks.txt", "w")  # noqa: SIM115 - lives as long as we do
+    stacks = open(layout.runner_stacks, "w")  # noqa: SIM115 - lives as long as we do
     faulthandler.enable(file=stacks, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     channel = Channel(Connection(fd))
@@ -65,7 +64,7 @@ def run_runner(fd: int, nproc: int, timeouts: Timeouts, trace_dir: Path) -> None
             return
         scenario = scenario_from_dict(message[1])
         for rank in range(nproc):  # each trace holds this scenario's collectives only
-            trace_file(trace_dir, rank).write_text("")
+            layout.collectives(rank).write_text("")
         try:
             world.run(scenario, channel.send)
         except ChannelClosed:
@@ -109,6 +108,7 @@ def _reap(pid: int, timeout_s: float) -> int | None:
 
 
 def serve_zygote(fd: int) -> None:
+    register_vllm_code()  # before the freeze: every runner forked has the slots filled
     # Everything imported so far (torch included) is shared with every runner: frozen, a
     # runner's full collections neither walk it nor copy its pages (about 0.4 s each).
     gc.collect()
@@ -169,7 +169,7 @@ def serve_zygote(fd: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="harness.world.sandbox_child")
+    parser = argparse.ArgumentParser(prog="harness.world.sandbox.child")
     parser.add_argument("--fd", type=int, required=True)
     args = parser.parse_args(argv)
     serve_zygote(args.fd)

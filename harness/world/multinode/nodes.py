@@ -19,8 +19,8 @@ from datetime import timedelta
 
 from harness.errors import ConfigError, ErrorOrigin
 from harness.history.step_error import StepError
-from harness.world.processes import package_pythonpath
-from harness.world.wire import CONTROL_KEY_ENV
+from harness.world.channel.wire import CONTROL_KEY_ENV
+from harness.world.processes.lifecycle import package_pythonpath
 
 CONTROL_STORE_KEY = "dbo-harness/control"
 RDZV_ID = "dbo-harness"
@@ -97,7 +97,7 @@ def agent_command(python: str, spec: NodeSpec, nproc: int, worker_args: list[str
             f"--rdzv-id={spec.rdzv_id}", f"--max-restarts={MAX_REBUILDS}",
             # On loopback every agent matches the endpoint's host: node 0 hosts the store.
             *([f"--rdzv-conf=is_host={int(spec.node_rank == 0)}"] if spec.loopback else []),
-            "-m", "harness.world.worker", "--control-store", spec.endpoint, *worker_args]
+            "-m", "harness.world.torchrun.worker", "--control-store", spec.endpoint, *worker_args]
 
 
 def node_command(python: str, spec: NodeSpec, nproc: int, collective_s: float,

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 
-from harness.world.wire import Channel
+from harness.world.channel.wire import Channel
 
 HANDSHAKE_TIMEOUT_S = 5.0
 BACKLOG = 1024  # a flood of strangers must not fill the queue before the workers connect

@@ -11,31 +11,42 @@ exact records and evidence, and the scenarios sent after it go again.
 
 from __future__ import annotations
 
-import selectors
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from harness.errors import ConfigError
-from harness.history.records import StepRecord
+from harness.history.records import StartupRecord, StepRecord
 from harness.history.scenario_history import ScenarioHistory
 from harness.scenario import Scenario
-from harness.world.wire import ChannelClosed
+from harness.timeouts import Timeouts
+from harness.world.channel.links import RankLinks
 
-if TYPE_CHECKING:
-    from harness.world.torchrun import TorchrunWorld
+
+class BatchedWorld(Protocol):
+    """What a batch needs of its world (harness/world/torchrun/world.py is one)."""
+
+    nproc: int
+    timeouts: Timeouts
+    links: RankLinks
+
+    def run(self, scenario: Scenario) -> ScenarioHistory: ...
+
+    def end_world(self) -> list[int]: ...
+
+    def clean_capture(self, config) -> tuple[StartupRecord, ...] | None: ...
+
 
 BATCH_SIZE = 8
 # Batches unread by a busy rank wait in its socket buffer (128 KiB by default on Linux);
 # were it to fill, the driver's send and the rank's next record would wait on each other.
 MAX_BATCH = 16
 IN_FLIGHT = 2  # batches sent ahead, so the ranks find the next one waiting
-SLACK_S = 5.0  # past a scenario's step deadlines, for its message to arrive
 
 
-def run_batched(world: TorchrunWorld, scenarios: Iterable[Scenario],
+def run_batched(world: BatchedWorld, scenarios: Iterable[Scenario],
                 batch_size: int = BATCH_SIZE) -> Iterator[ScenarioHistory]:
     if not 1 <= batch_size <= MAX_BATCH:
         raise ConfigError("batch_size", f"{batch_size} scenarios per round trip; give 1 to "
@@ -49,8 +60,8 @@ def run_batched(world: TorchrunWorld, scenarios: Iterable[Scenario],
                 batch = []
                 while pending and len(batch) < batch_size and _batchable(world, pending[0]):
                     batch.append(pending.popleft())
-                world._send_to_all(("batch", [s.to_dict() for s in batch],
-                                    asdict(world.timeouts)))
+                world.links.send_to_all(("batch", [s.to_dict() for s in batch],
+                                         asdict(world.timeouts)))
                 sent.extend(batch)
             if not sent:  # the first of its config in this launch, or one with faults
                 yield world.run(pending.popleft())
@@ -58,7 +69,7 @@ def run_batched(world: TorchrunWorld, scenarios: Iterable[Scenario],
             scenario = sent.popleft()
             steps = _collect(world, scenario)
             if steps is None:
-                world._end_world()
+                world.end_world()
                 pending.extendleft(reversed(sent))
                 sent.clear()
                 yield world.run(scenario)
@@ -68,42 +79,33 @@ def run_batched(world: TorchrunWorld, scenarios: Iterable[Scenario],
                                       batched=True)
     finally:
         if sent:  # the caller stopped early; the ranks still owe records nobody will read
-            world._end_world()
+            world.end_world()
 
 
-def _batchable(world: TorchrunWorld, scenario: Scenario) -> bool:
+def _batchable(world: BatchedWorld, scenario: Scenario) -> bool:
     return (not scenario.faults and scenario.config.dp_size == world.nproc
             and world.clean_capture(scenario.config) is not None)
 
 
-def _collect(world: TorchrunWorld, scenario: Scenario
+def _collect(world: BatchedWorld, scenario: Scenario
              ) -> tuple[tuple[StepRecord, ...], ...] | None:
     """Every rank's records of `scenario`, step by step; None when any rank failed, went
     away, said anything else, or missed the deadline of the scenario's steps."""
     # The ranks run scenarios in order and the previous one's records are in: each rank has
     # started this one by now, so its deadline counts from here.
-    deadline = (time.monotonic() + len(scenario.steps) * world.timeouts.step_deadline_s
-                + SLACK_S)
+    deadline = time.monotonic() + world.timeouts.batch_wait_s(len(scenario.steps))
     got: dict[int, list[StepRecord]] = {}
-    selector = selectors.DefaultSelector()
-    for rank, channel in world._channels.items():
-        selector.register(channel, selectors.EVENT_READ, rank)
-    try:
+    with world.links.inbox() as inbox:
         while len(got) < world.nproc:
-            ready = selector.select(timeout=max(0.0, deadline - time.monotonic()))
+            ready = inbox.poll(max(0.0, deadline - time.monotonic()),
+                               world.timeouts.collective_s)
             if not ready:
                 return None
-            for key, _ in ready:
-                try:
-                    message = key.fileobj.recv(timeout_s=world.timeouts.collective_s)
-                except (ChannelClosed, TimeoutError):
-                    return None
-                if message[0] != "ran":
-                    return None  # a crash, a lost agent: the run alone names it
-                got[key.data] = message[1]
-                selector.unregister(key.fileobj)
-    finally:
-        selector.close()
+            for rank, message in ready:
+                if message is None or message[0] != "ran":
+                    return None  # gone, a crash, a lost agent: the run alone names it
+                got[rank] = message[1]
+                inbox.drop(rank)
     per_rank = [got[rank] for rank in range(world.nproc)]
     if any(len(records) != len(scenario.steps) or any(r.error is not None for r in records)
            for records in per_rank):

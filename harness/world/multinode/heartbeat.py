@@ -13,7 +13,7 @@ import threading
 import time
 from datetime import timedelta
 
-from harness.world.processes import pid_alive
+from harness.world.processes.lifecycle import pid_alive
 
 BEAT_KEY = "dbo-harness/driver-beat"
 BEAT_PERIOD_S = 1.0

@@ -1,5 +1,6 @@
 """A second, deliberately plain statement of each rank's step decision, written from
-docs/spec.md (§0.3, §1-§4.1) and sharing no code with harness/sut or harness/vllm_sut.
+docs/spec.md (§0.3, §1-§4.1) and sharing no code with harness/sut or harness/vllm_sut. The
+judge holds the decision code to it (check `spec_decision`); the generator aims with it.
 
 `spec_plans(config, batches)` answers what every rank should plan for one step under the
 config it is given, its variant switches included (guard, twins, threshold offset): it judges
@@ -70,7 +71,12 @@ def guard_says_eager(config: HarnessConfig, min_tokens: int, graph_tokens: int) 
         return 2 * min_tokens < graph_tokens
     if config.guard is Guard.STRICT_K2:
         return 2 * min_tokens <= graph_tokens
-    return min_tokens <= (graph_tokens // k) * (k - 1)
+    return min_tokens <= last_region_start(graph_tokens, k)
+
+
+def last_region_start(padded: int, k: int) -> int:
+    """§4.1: where the last of k regions of floor(P/k) tokens starts (it takes the rest)."""
+    return (padded // k) * (k - 1)
 
 
 # -- §2.1 compatibility, §2.2 the table and dispatch ----------------------------------------

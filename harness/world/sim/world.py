@@ -6,7 +6,7 @@ config's captured graphs are reused, so a fuzzer pays the capture once per confi
 failed or hung rank the groups are suspect (gloo closes a pair whose collective timed out),
 so the world is rebuilt before the next scenario; a scenario stops at that failed step.
 
-Run inside the sandbox process (harness/world/sandbox.py) it writes each rank's collective
+Run inside the sandbox process (harness/world/sandbox/world.py) it writes each rank's collective
 trace to a file before every call, and lets a fault end the process, as a rank's would.
 """
 
@@ -29,8 +29,10 @@ from harness.sut import systems
 from harness.sut.rank_runtime import RankRuntime
 from harness.sut.step_loop import run_steps
 from harness.timeouts import DEFAULT_TIMEOUTS, Timeouts
-from harness.world.collector import collector_paused
-from harness.world.threads import ThreadWorld
+from harness.world.processes.collector import collector_paused
+from harness.world.sim.threads import ThreadWorld
+from harness.world.trace_layout import TraceLayout
+from harness.world.vllm_slots import register_vllm_code
 
 # Captured graph sets kept per world; the fuzzer's config space is small on purpose.
 MAX_CACHED_CONFIGS = 32
@@ -51,10 +53,11 @@ class SimWorld:
     def __init__(self, nproc: int, timeouts: Timeouts = DEFAULT_TIMEOUTS,
                  max_cached_configs: int = MAX_CACHED_CONFIGS,
                  trace_dir: Path | None = None, own_process: bool = False) -> None:
-        """`trace_dir`: where rank r's collective trace goes (collectives-r.txt).
+        """`trace_dir`: where each rank's collective trace goes (TraceLayout).
         `own_process`: this process is the world's alone (the sandbox), so a fault may end
         it; otherwise faults that end a process are refused."""
         one_intra_op_thread()  # its ranks are threads of this process, on few cores
+        register_vllm_code()
         self.nproc = nproc
         self.timeouts = timeouts
         self.max_cached_configs = max_cached_configs
@@ -110,7 +113,7 @@ class SimWorld:
             def every_rank(i: int, requests, ranks) -> tuple[StepRecord | None, ...]:
                 records, _ = world.run_bounded(
                     lambda rank, _g: one_rank(i, requests, ranks, rank),
-                    self.timeouts.step_deadline_s + 5.0)
+                    self.timeouts.step_wait_s)
                 sink(("step", i, tuple(records)))
                 return tuple(records)
 
@@ -153,7 +156,8 @@ class SimWorld:
         return runtimes, startup
 
     def _trace_path(self, rank: int) -> str | None:
-        return None if self.trace_dir is None else str(self.trace_dir / f"collectives-{rank}.txt")
+        return (None if self.trace_dir is None
+                else str(TraceLayout(self.trace_dir).collectives(rank)))
 
     def _discard(self) -> None:
         self._runtimes.clear()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from harness.errors import ConfigError
-from harness.world.gpus import GpuLayout, visible_gpus
+from harness.world.torchrun.gpus import GpuLayout, visible_gpus
 
 
 def check_backend(backend: str, nproc: int, device: str | None = None) -> GpuLayout | None:
@@ -23,3 +23,8 @@ def check_backend(backend: str, nproc: int, device: str | None = None) -> GpuLay
     if device == "cuda" and visible_gpus() == 0:
         raise ConfigError("device", "cuda: no GPU is visible here; use DEVICE=cpu")
     return None
+
+
+def rank_device(backend: str, device: str | None) -> str:
+    """Where a torchrun world's rank tensors live: cuda under nccl, else as given (cpu)."""
+    return "cuda" if backend == "nccl" else (device or "cpu")

@@ -1,0 +1,80 @@
+"""Stream order (docs/spec.md §11): every read of a tensor another stream wrote is ordered
+after that write, by happens-before across streams, computed from a step's stream order as
+the CPU stand-in streams logged it (`VllmExecTrace.stream_order`). Pure functions over step
+records.
+
+Happens-before is each stream's program order plus event edges: a wait on stream t of an
+event takes in what its latest record (issued before the wait) had seen on its stream. Each
+stream keeps a vector clock, one count of accesses per stream; a read on stream t of a write
+that was the n-th access of stream s is ordered iff t's clock has seen n accesses of s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from harness.check.verdict import Judgement, failed, held, not_applicable
+from harness.history.records import StepRecord, StreamOp
+
+ACCESSES = ("write", "read")
+NOTHING_RECORDED = ("no tensor access was recorded on stand-in streams (the harness's "
+                    "execution, a replay, or real CUDA streams)")
+
+Clock = dict[str, int]  # stream -> how many of its accesses are known to have happened
+
+
+@dataclass(frozen=True)
+class _Write:
+    stream: str
+    tick: int  # the write's place among its stream's accesses (from 1)
+    op: str
+
+
+def _merge(into: Clock, other: Clock) -> None:
+    for stream, tick in other.items():
+        if tick > into.get(stream, 0):
+            into[stream] = tick
+
+
+def first_race(ops: Sequence[StreamOp]) -> str | None:
+    """The first read in `ops` not ordered after the write it reads, described; None if none
+    (a read whose tensor was not written in `ops` is not judged)."""
+    clocks: dict[str, Clock] = {}
+    recorded: dict[str, Clock] = {}  # event -> its latest record's clock
+    writes: dict[str, _Write] = {}
+    for op in ops:
+        clock = clocks.setdefault(op.stream, {})
+        if op.kind == "record":
+            recorded[op.subject] = dict(clock)
+        elif op.kind == "wait":
+            _merge(clock, recorded.get(op.subject, {}))  # never recorded: orders nothing
+        elif op.kind in ACCESSES:
+            clock[op.stream] = clock.get(op.stream, 0) + 1
+            if op.kind == "write":
+                writes[op.subject] = _Write(op.stream, clock[op.stream], op.op)
+                continue
+            write = writes.get(op.subject)
+            if write is not None and clock.get(write.stream, 0) < write.tick:
+                return (f"{op.op} on stream {op.stream} reads {op.subject}, written by "
+                        f"{write.op} on stream {write.stream} with no event wait ordering "
+                        "the write before the read")
+    return None
+
+
+def has_accesses(rec: StepRecord | None) -> bool:
+    return (rec is not None and rec.vllm_exec is not None
+            and any(op.kind in ACCESSES for op in rec.vllm_exec.stream_order))
+
+
+def check_stream_order(records: Sequence[StepRecord | None]) -> Judgement:
+    """No rank's step reads, on one stream, a tensor another stream wrote without an event
+    wait ordering the write first: on CPU the rows are right by accident, on a GPU not."""
+    traced = [rec for rec in records if has_accesses(rec)]
+    if not traced:
+        return not_applicable(NOTHING_RECORDED)
+    for rec in traced:
+        race = first_race(rec.vllm_exec.stream_order)
+        if race is not None:
+            return failed(f"rank {rec.rank} step {rec.step}: {race}")
+    return held()

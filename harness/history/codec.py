@@ -1,0 +1,145 @@
+"""Frozen records as plain JSON, read from their type hints: a dataclass is an object of its
+fields, a tuple a list, an enum its member's name, a float a number (or "NaN", "Infinity",
+"-Infinity", which JSON has no number for). Decoding checks every value against its hint,
+so a malformed file is a ConfigError naming where the bad value sits."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import math
+import types
+import typing
+from typing import Any, Union
+
+from harness.errors import ConfigError
+
+NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+_LEAVES = (bool, int, float, str)
+
+
+class ConfigErrorAt(ConfigError):
+    """A ConfigError whose field already names the whole path to the bad value."""
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    """A dataclass's init fields and their resolved type hints, in field order."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init}
+
+
+@functools.cache
+def _required(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(cls) if f.init
+                     and f.default is dataclasses.MISSING
+                     and f.default_factory is dataclasses.MISSING)
+
+
+def _optional(hint: Any) -> Any | None:
+    """X for a hint `X | None`; None for any other hint. Only unions with None are stored."""
+    if typing.get_origin(hint) not in (Union, types.UnionType):
+        return None
+    arms = [a for a in typing.get_args(hint) if a is not type(None)]
+    if len(arms) != 1 or len(typing.get_args(hint)) != 2:
+        raise TypeError(f"no JSON form for the union {hint!r}")
+    return arms[0]
+
+
+def _items(hint: Any, count: int) -> tuple[Any, ...]:
+    """The hint of each item of a tuple of `count` items (`tuple[X, ...]` or `tuple[A, B]`)."""
+    args = typing.get_args(hint)
+    if len(args) == 2 and args[1] is Ellipsis:
+        return (args[0],) * count
+    return args
+
+
+def encode(value: Any, hint: Any) -> Any:
+    """`value`, of type `hint`, as plain JSON data."""
+    if hint is Any:
+        return value  # already plain JSON data (e.g. a vLLM identity object)
+    arm = _optional(hint)
+    if arm is not None:
+        return None if value is None else encode(value, arm)
+    if dataclasses.is_dataclass(hint):
+        return {name: encode(getattr(value, name), h) for name, h in _hints(hint).items()}
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return value.name
+    if typing.get_origin(hint) is tuple:
+        return [encode(v, h) for v, h in zip(value, _items(hint, len(value)), strict=True)]
+    if hint is float and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+    if hint in _LEAVES:
+        return value
+    raise TypeError(f"no JSON form for {hint!r}")
+
+
+def _at(where: str, name: str) -> str:
+    return f"{where}.{name}" if where else name
+
+
+def decode(data: Any, hint: Any, where: str = "") -> Any:
+    """The value of type `hint` that `encode` gave `data` for; `where` names it in errors."""
+    if hint is Any:
+        return data
+    arm = _optional(hint)
+    if arm is not None:
+        return None if data is None else decode(data, arm, where)
+    if dataclasses.is_dataclass(hint):
+        return _decode_fields(data, hint, where)
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        if not isinstance(data, str) or data not in hint.__members__:
+            raise _wrong(where, f"one of {', '.join(hint.__members__)}", data)
+        return hint[data]
+    if typing.get_origin(hint) is tuple:
+        if not isinstance(data, list):
+            raise _wrong(where, "a list", data)
+        items = _items(hint, len(data))
+        if len(items) != len(data):
+            raise _wrong(where, f"a list of {len(items)} items", data)
+        pairs = enumerate(zip(data, items, strict=True))
+        return tuple(decode(v, h, f"{where}[{i}]") for i, (v, h) in pairs)
+    return _decode_leaf(data, hint, where)
+
+
+def _decode_fields(data: Any, cls: type, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise _wrong(where, f"an object of {cls.__name__} fields", data)
+    hints = _hints(cls)
+    unknown = sorted(set(data) - set(hints))
+    if unknown:
+        raise ConfigErrorAt(_at(where, unknown[0]), f"is not a field of {cls.__name__}")
+    missing = sorted(_required(cls) - set(data))
+    if missing:
+        raise ConfigErrorAt(_at(where, missing[0]), "is missing")
+    kwargs = {name: decode(data[name], h, _at(where, name))
+              for name, h in hints.items() if name in data}
+    try:
+        return cls(**kwargs)
+    except ConfigError as exc:  # the record's own validation (e.g. Timeouts' ordering)
+        raise ConfigErrorAt(_at(where, exc.field), exc.message) from None
+
+
+def _decode_leaf(data: Any, hint: Any, where: str) -> Any:
+    if hint is float:
+        if isinstance(data, str) and data in NON_FINITE:
+            return NON_FINITE[data]
+        if isinstance(data, int | float) and not isinstance(data, bool):
+            return float(data)
+        raise _wrong(where, "a number", data)
+    if hint is int and isinstance(data, bool):
+        raise _wrong(where, "an integer", data)
+    if hint in _LEAVES and isinstance(data, hint):
+        return data
+    if hint in _LEAVES:
+        raise _wrong(where, {int: "an integer", str: "a string", bool: "true or false"}[hint],
+                     data)
+    raise TypeError(f"no JSON form for {hint!r}")
+
+
+def _wrong(where: str, expected: str, data: Any) -> ConfigErrorAt:
+    shown = repr(data)
+    return ConfigErrorAt(where or "value", f"must be {expected}, got "
+                         f"{shown if len(shown) <= 40 else shown[:37] + '...'}")
+

@@ -1,0 +1,1 @@
+"""The in-process world: N ranks as threads, each with a real gloo group."""

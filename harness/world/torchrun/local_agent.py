@@ -1,0 +1,142 @@
+"""The rig of a one-node torchrun world: one torchrun agent per world, launched afresh (or
+taken from a spare that booted beside the live world) after every failure. On a missed
+deadline or a lost rank the world ends: "exit" to every rank, SIGTERM then SIGKILL to
+torchrun, every worker left killed, and (on CUDA) no worker may still hold GPU memory."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from harness.errors import ErrorOrigin
+from harness.history.step_error import StepError
+from harness.timeouts import Timeouts
+from harness.world.channel.links import RankLinks
+from harness.world.evidence import rank_evidence
+from harness.world.processes.lifecycle import kill_all, wait_or_signal
+from harness.world.torchrun.agent_launch import (
+    STOP_TIMEOUT_S,
+    AgentLaunch,
+    launch_agent,
+    spares_by_default,
+)
+from harness.world.torchrun.gpus import GpuLayout, pids_holding_gpu_memory
+from harness.world.torchrun.launch import Formation, WorldError
+from harness.world.trace_layout import TraceLayout
+
+TERM_GRACE_S = 2.0  # for torchrun to stop its workers on SIGTERM
+
+
+class LocalAgent:
+    # One host's ranks may form a fresh loopback group after a failure (not across nodes).
+    soft_rebuilds = True
+
+    def __init__(self, nproc: int, backend: str, device: str, layout: GpuLayout | None,
+                 spares: int | None = None, preload_vllm: bool = False) -> None:
+        self.nproc, self.backend, self.device, self.layout = nproc, backend, device, layout
+        self.preload_vllm = preload_vllm
+        self.rebuilds = 0  # worlds ended by a failure
+        # Launches kept booting beside a world that has failed once (0 or 1).
+        self.spares = spares_by_default(nproc) if spares is None else min(spares, 1)
+        self._spare: AgentLaunch | None = None
+        self._proc: subprocess.Popen | None = None
+        self._dir: Path | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def agent_pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def spare(self) -> AgentLaunch | None:
+        """The launch booting beside the live world, if any."""
+        return self._spare
+
+    def start(self, links: RankLinks, formation: Formation, timeouts: Timeouts) -> None:
+        self._close_live(links)
+        launch = self._take_spare() or self._launch(timeouts)
+        if formation.launches == 0 and self.layout is not None:
+            print(self.layout.describe(), file=sys.stderr, flush=True)
+        self._proc, self._dir = launch.proc, launch.trace_dir
+        try:
+            formation.take_in(launch.server, links, self._launcher_alive, _no_more_to_say)
+        except BaseException:
+            self.close(links)
+            raise
+        if self.rebuilds and self.spares and self._spare is None:
+            self._spare = self._launch(timeouts)  # a world that failed once is likely to again
+
+    def _launch(self, timeouts: Timeouts) -> AgentLaunch:
+        return launch_agent(self.nproc, [
+            "--backend", self.backend, "--device", self.device,
+            "--collective-timeout", str(timeouts.collective_s),
+            *(["--preload-vllm"] if self.preload_vllm else [])])
+
+    def _take_spare(self) -> AgentLaunch | None:
+        spare, self._spare = self._spare, None
+        if spare is not None and not spare.alive:
+            spare.discard()
+            return None
+        return spare
+
+    def _launcher_alive(self) -> None:
+        if not self.alive:
+            raise WorldError(f"torchrun exited with {self._proc.returncode} before every "
+                             f"worker connected:\n{self._log_tail()}")
+
+    def end_world(self, links: RankLinks, timeouts: Timeouts) -> list[int]:
+        """End the world after a failure; its replacement boots now, while the driver judges."""
+        survivors = self._close_live(links)
+        self.rebuilds += 1
+        if self.spares and self._spare is None:
+            self._spare = self._launch(timeouts)
+        return survivors
+
+    def close(self, links: RankLinks) -> list[int]:
+        """Stop the world and its spare."""
+        survivors = self._close_live(links)
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            survivors += spare.discard()
+        return survivors
+
+    def _close_live(self, links: RankLinks) -> list[int]:
+        """Stop the live world: ask, then SIGTERM torchrun, then kill what is left."""
+        links.send_to_all(("exit",))
+        if self._proc is not None:
+            wait_or_signal(self._proc, TERM_GRACE_S, signal.SIGTERM)
+            wait_or_signal(self._proc, STOP_TIMEOUT_S, signal.SIGKILL)
+        pids = list(links.pids.values())
+        survivors = kill_all(pids)
+        if self.device == "cuda":
+            survivors += pids_holding_gpu_memory(pids)
+        links.close()
+        self._proc = None
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+        return survivors
+
+    def agent_lost(self, rank: int, agent_pid: int) -> StepError:
+        return StepError("RankLost", f"lost its torchrun agent (pid {agent_pid})", None,
+                         ErrorOrigin.LOST)
+
+    def trace_dir_of(self, rank: int) -> Path | None:
+        return self._dir
+
+    def rank_evidence(self, headline: str, links: RankLinks) -> str:
+        return rank_evidence(headline, self._dir, links.pids, self.nproc)
+
+    def _log_tail(self) -> str:
+        log = TraceLayout(self._dir).torchrun_log if self._dir else None
+        return log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
+
+
+def _no_more_to_say(rank: int, rest: tuple) -> None:
+    """A worker of one node says nothing of itself beyond its rank and pid."""

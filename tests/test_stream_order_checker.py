@@ -1,0 +1,130 @@
+"""The stream-order checker over hand-made stream orders (no vLLM needed): a read of what
+another stream wrote holds only when an event recorded after the write was waited on before
+the read, directly or through a third stream."""
+
+from __future__ import annotations
+
+from harness.check.registry import REGISTRY
+from harness.check.stream_order import check_stream_order, first_race
+from harness.check.verdict import Outcome
+from harness.history.records import StepRecord, StreamOp, VllmExecTrace
+from harness.invariants import CheckerName
+
+RECV = "dispatch recv of microbatch 1"
+
+
+def write(stream: str, tensor: str = RECV, op: str = "all_to_all") -> StreamOp:
+    return StreamOp("write", stream, tensor, op)
+
+
+def read(stream: str, tensor: str = RECV, op: str = "experts") -> StreamOp:
+    return StreamOp("read", stream, tensor, op)
+
+
+def record_on(stream: str, event: str) -> StreamOp:
+    return StreamOp("record", stream, event)
+
+
+def wait_on(stream: str, event: str) -> StreamOp:
+    return StreamOp("wait", stream, event)
+
+
+def step(rank: int, *ops: StreamOp, traced: bool = True) -> StepRecord:
+    trace = VllmExecTrace((), (), (), (), tuple(ops)) if traced else None
+    return StepRecord(rank=rank, step=3, plan=None, executed="eager-microbatched",
+                      captured_split=(), replay_split=(), fingerprint=(), routes=(),
+                      outputs=(), state=(), threads_alive=(), pending_run=False, error=None,
+                      injected_fault=False, seconds=0.0, vllm_exec=trace)
+
+
+def test_a_read_on_the_stream_that_wrote_is_ordered_by_program_order():
+    ops = (write("comm"), read("comm"))
+    assert check_stream_order([step(0, *ops), step(1, *ops)]).outcome is Outcome.HELD
+
+
+def test_a_read_after_a_wait_on_an_event_recorded_after_the_write_is_ordered():
+    ops = (write("comm"), record_on("comm", "e0"), wait_on("compute", "e0"), read("compute"))
+    assert check_stream_order([step(0, *ops)]).outcome is Outcome.HELD
+
+
+def test_a_read_with_no_wait_after_a_write_on_another_stream_fails_naming_both_streams():
+    verdict = check_stream_order([step(0, write("comm"), read("comm")),
+                                  step(1, write("comm"), record_on("comm", "e0"),
+                                       read("compute"))])
+    assert verdict.outcome is Outcome.FAILED
+    assert verdict.detail == ("rank 1 step 3: experts on stream compute reads dispatch recv of "
+                              "microbatch 1, written by all_to_all on stream comm with no event "
+                              "wait ordering the write before the read")
+
+
+def test_a_wait_on_an_event_recorded_before_the_write_does_not_order_it():
+    ops = (record_on("comm", "e0"), write("comm"), wait_on("compute", "e0"), read("compute"))
+    assert first_race(ops) is not None
+    # The same event recorded again after the write does order it.
+    again = (*ops[:2], record_on("comm", "e0"), *ops[2:])
+    assert first_race(again) is None
+
+
+def test_a_wait_takes_the_record_issued_before_it_not_a_later_one():
+    ops = (write("comm"), wait_on("compute", "e0"), record_on("comm", "e0"), read("compute"))
+    assert first_race(ops) is not None
+
+
+def test_a_wait_on_an_event_never_recorded_orders_nothing():
+    assert first_race((write("comm"), wait_on("compute", "e9"), read("compute"))) is not None
+
+
+def test_order_passes_through_a_third_stream():
+    via = (write("comm"), record_on("comm", "e0"), wait_on("side", "e0"),
+           record_on("side", "e1"), wait_on("compute", "e1"), read("compute"))
+    assert first_race(via) is None
+    # The third stream's event recorded before it waited passes nothing on.
+    early = (write("comm"), record_on("comm", "e0"), record_on("side", "e1"),
+             wait_on("side", "e0"), wait_on("compute", "e1"), read("compute"))
+    assert "stream comm" in first_race(early)
+
+
+def test_a_read_is_judged_against_the_latest_write_of_its_tensor():
+    ordered_first = (write("compute"), write("comm"), read("compute"))
+    assert first_race(ordered_first) is not None
+    other_tensor = (write("comm", "combine recv of microbatch 0"), read("compute"))
+    assert first_race(other_tensor) is None  # written in an earlier step: not judged
+
+
+def test_no_recorded_access_is_not_applicable_and_events_alone_are_not_accesses():
+    events_only = step(0, record_on("comm", "e0"), wait_on("compute", "e0"))
+    for records in ([step(0, traced=False)], [events_only], [None, events_only]):
+        verdict = check_stream_order(records)
+        assert verdict.outcome is Outcome.NOT_APPLICABLE
+        assert "no tensor access was recorded" in verdict.detail
+
+
+def test_a_race_is_named_beside_a_rank_that_left_no_record():
+    checker = next(c for c in REGISTRY if c.name is CheckerName.STREAM_ORDER)
+    assert checker.judges_missing_ranks
+    assert not check_stream_order([None, step(1, write("comm"), read("compute"))]).ok
+
+
+def test_a_wait_placed_on_another_stream_than_the_reader_does_not_order_the_read():
+    # ROCm/ATOM PR #1208's shape: ids gathered on a side stream, joined back to the
+    # forward's top stream, read on the microbatch's compute stream.
+    ids = "gathered ids"
+    gathered = (write("side", ids, "all_gather"), record_on("side", "e0"))
+    wrong = (*gathered, wait_on("top", "e0"), read("compute", ids, "hash routing"))
+    assert first_race(wrong) == ("hash routing on stream compute reads gathered ids, written "
+                                 "by all_gather on stream side with no event wait ordering the "
+                                 "write before the read")
+    assert first_race((*gathered, wait_on("compute", "e0"), read("compute", ids))) is None
+
+
+def test_the_missing_compute_wait_switch_needs_vllms_execution():
+    import pytest
+
+    from harness.config import HarnessConfig
+    from harness.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="^switch_to_compute: switches vLLM's execution code"):
+        HarnessConfig(switch_to_compute="no-wait")
+    planted = HarnessConfig(execution="vllm", switch_to_compute="no-wait")
+    assert planted.to_dict()["switch_to_compute"] == "no-wait"
+    assert "switch_to_compute" not in HarnessConfig(execution="vllm").to_dict()
