@@ -119,8 +119,8 @@ class _SummarisedWorld:
         seconds = time.monotonic() - start
         result = judge(history)
         failed = sorted({v.checker for _, v in result.failed_verdicts()})
-        _SUMMARY.append((scenario.name, scenario.config.dp_size, len(result.steps), result.ok,
-                         ", ".join(failed), seconds))
+        _SUMMARY.append((scenario.name, scenario.config.serving.dp_size, len(result.steps),
+                         result.ok, ", ".join(failed), seconds))
         return history, result
 
 

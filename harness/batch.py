@@ -1,9 +1,15 @@
-"""What one rank brings to a step: its scheduled batch, summarised as the DP sync sees it."""
+"""What one rank is given in one step (its scheduled batch, summarised as the DP sync sees
+it) and its one wire form, the `ranks` entries of scenario files, worlds and saved histories:
+
+    {"query_lens": [1, 3]}  or  {"tokens": 64}  (that many one-token requests; 0: idle),
+    with "allow_ubatching": false and "allow_skip_drafts": true only when not the default.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from harness.config import HarnessConfig
 from harness.errors import ConfigError
@@ -11,7 +17,10 @@ from harness.errors import ConfigError
 
 @dataclass(frozen=True)
 class RankBatch:
-    """One rank's batch. `query_lens` (per request) is the full batch; the rest summarise it.
+    """One rank's input to one step, built once where a scenario is parsed or an example drawn
+    and carried as is through the worlds and the reference. `query_lens` (per request) is
+    the full batch; the rest summarise it. A batch given by counts alone (`uniform`, the
+    command line's flags) has no `query_lens`.
 
     `uniform_token_count` is the per-request query length when every request has the same
     one and no request is a prefill (vLLM's get_uniform_decode_token_count); None otherwise.
@@ -61,6 +70,89 @@ class RankBatch:
             return self.query_lens
         return dummy_query_lens(self.num_reqs, self.num_tokens)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The wire form (the module docstring); `from_dict` reads it back."""
+        lens = self.request_query_lens()
+        data: dict[str, Any] = ({"tokens": len(lens)} if all(q == 1 for q in lens)
+                                else {"query_lens": list(lens)})
+        if not self.allow_ubatching:
+            data["allow_ubatching"] = False
+        if self.allow_skip_drafts:  # omitted when default: older files read the same
+            data["allow_skip_drafts"] = True
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "rank", decode_query_len: int = 1,
+                  max_tokens: int | None = None) -> RankBatch:
+        """The rank `to_dict` gave (a bare integer is a `tokens` count); a field that does
+        not fit raises ConfigError naming it."""
+        return cls.from_fields(rank_fields(data, where), decode_query_len, max_tokens)
+
+    @classmethod
+    def from_fields(cls, fields: RankFields, decode_query_len: int = 1,
+                    max_tokens: int | None = None) -> RankBatch:
+        """The rank of checked wire fields. A `tokens` count above `max_tokens` stays a count
+        (not expanded into requests), for validate_batches to refuse."""
+        spec, allow, skip = fields
+        if isinstance(spec, int):
+            if max_tokens is not None and spec > max_tokens:
+                return cls(spec, spec, 1, allow, None, decode_query_len, skip)
+            spec = (1,) * spec
+        return cls.from_query_lens(spec, allow, decode_query_len, skip)
+
+    def given_to(self, decode_query_len: int) -> RankBatch:
+        """This rank's input under a config of `decode_query_len` (itself when it is already)."""
+        if self.decode_query_len == decode_query_len and self.query_lens is not None:
+            return self
+        return RankBatch.from_query_lens(self.request_query_lens(), self.allow_ubatching,
+                                         decode_query_len, self.allow_skip_drafts)
+
+
+# A rank's wire fields, checked: its `tokens` count or its `query_lens`; allow_ubatching and
+# allow_skip_drafts.
+RankFields = tuple[int | tuple[int, ...], bool, bool]
+
+
+def _int(value: Any, where: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError(where, f"must be an integer, got {value!r}")
+    return value
+
+
+def _flag(data: dict, key: str, default: bool, where: str) -> bool:
+    value = data.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}.{key}", f"must be true or false, got {value!r}")
+    return value
+
+
+def rank_fields(data: Any, where: str) -> RankFields:
+    """The wire form's fields, each checked on its own (limits need the config: see
+    validate_batches)."""
+    if isinstance(data, int) and not isinstance(data, bool):
+        data = {"tokens": data}
+    if not isinstance(data, dict):
+        raise ConfigError(where, "must be an object with `tokens` or `query_lens`")
+    unknown = set(data) - {"tokens", "query_lens", "allow_ubatching", "allow_skip_drafts"}
+    if unknown:
+        raise ConfigError(f"{where}.{sorted(unknown)[0]}", "is not a rank field")
+    if ("tokens" in data) == ("query_lens" in data):
+        raise ConfigError(where, "needs exactly one of `tokens` or `query_lens`")
+    if "tokens" in data:
+        n = _int(data["tokens"], f"{where}.tokens")
+        if n < 0:
+            raise ConfigError(f"{where}.tokens", f"is negative ({n})")
+        spec: int | tuple[int, ...] = n
+    else:
+        raw = data["query_lens"]
+        if not isinstance(raw, list):
+            raise ConfigError(f"{where}.query_lens", "must be a list of integers")
+        spec = tuple(_int(q, f"{where}.query_lens") for q in raw)
+        if any(q < 1 for q in spec):
+            raise ConfigError(f"{where}.query_lens", "holds a request with no tokens")
+    allow = _flag(data, "allow_ubatching", True, where)
+    return spec, allow, _flag(data, "allow_skip_drafts", False, where)
+
 
 def deciding_batch(batch: RankBatch, decode_query_len: int) -> RankBatch:
     """What a rank brings to the DP sync: its batch, or for an idle rank vLLM's dummy batch
@@ -82,20 +174,21 @@ def dummy_query_lens(num_reqs: int, num_tokens: int) -> tuple[int, ...]:
 
 def validate_batches(config: HarnessConfig, batches: Sequence[RankBatch]) -> None:
     """Reject per-rank batches that no scheduler would hand the ranks under this config."""
-    if len(batches) != config.dp_size:
-        raise ConfigError("tokens", f"has {len(batches)} entries for dp_size={config.dp_size}")
+    if len(batches) != config.serving.dp_size:
+        raise ConfigError("tokens", f"has {len(batches)} entries for "
+                          f"dp_size={config.serving.dp_size}")
     for rank, batch in enumerate(batches):
         where = f"rank {rank}"
         if batch.num_tokens < 0:
             raise ConfigError("tokens", f"{where} has a negative token count {batch.num_tokens}")
         if batch.num_reqs < 0:
             raise ConfigError("reqs", f"{where} has a negative request count {batch.num_reqs}")
-        if batch.num_tokens > config.max_num_batched_tokens:
+        if batch.num_tokens > config.serving.max_num_batched_tokens:
             raise ConfigError("tokens", f"{where} schedules {batch.num_tokens} tokens, above "
-                              f"max_num_batched_tokens={config.max_num_batched_tokens}")
-        if batch.num_reqs > config.max_num_reqs:
+                              f"max_num_batched_tokens={config.serving.max_num_batched_tokens}")
+        if batch.num_reqs > config.serving.max_num_reqs:
             raise ConfigError("reqs", f"{where} schedules {batch.num_reqs} requests, above "
-                              f"max_num_reqs={config.max_num_reqs}")
+                              f"max_num_reqs={config.serving.max_num_reqs}")
         if (batch.num_tokens == 0) != (batch.num_reqs == 0):
             raise ConfigError("reqs", f"{where} has {batch.num_tokens} tokens in "
                               f"{batch.num_reqs} requests")

@@ -1,5 +1,5 @@
 """Config switches that plant known bugs in the harness's own system under test (docs/spec.md
-§7); the reference behaviour is the default HarnessConfig gives each."""
+§7); the reference behaviour is the default Mutation (harness/config_parts.py) gives each."""
 
 from __future__ import annotations
 

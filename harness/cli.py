@@ -121,7 +121,7 @@ def cmd_decide(args: argparse.Namespace) -> int:
     batches = batches_from_args(args)
     config = config_from_args(args, dp_size=len(batches), extra=vllm_fields(args))
     validate_batches(config, batches)
-    with ThreadWorld(config.dp_size, timeout_s=args.timeout) as world:
+    with ThreadWorld(config.serving.dp_size, timeout_s=args.timeout) as world:
         plans = world.run(lambda rank, group: decide_on_rank(group, config, rank,
                                                              batches[rank], args.timeout))
     disagreement = first_disagreement(plans)
@@ -145,10 +145,10 @@ def _print_tested(config: HarnessConfig, note: str = "") -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     scenario, note = scenario_with_vllm_code(load_scenario(args.scenario), args)
     timeouts = timeouts_from_args(args)
-    check_execution_backend(scenario.config.execution.value, args.backend, args.device)
+    check_execution_backend(scenario.config.system.execution.value, args.backend, args.device)
     if args.save_history:
         check_writable(args.save_history)
-    world = open_world(world_for(args.world, scenario.config), scenario.config.dp_size,
+    world = open_world(world_for(args.world, scenario.config), scenario.config.serving.dp_size,
                        args.backend, timeouts, args.device,
                        preload_vllm=scenario.config.uses_vllm)
     try:
@@ -173,19 +173,19 @@ MAX_RANK_DECISIONS = 10**9
 
 def _rank_decisions(config: HarnessConfig, max_tokens: int) -> int:
     """How many rank decisions `explore` makes: one per rank of every visited vector."""
-    counts, dp = max_tokens + 1, config.dp_size
-    vectors = counts**dp if config.threshold_offset_rank is not None else math.comb(
+    counts, dp = max_tokens + 1, config.serving.dp_size
+    vectors = counts**dp if config.mutation.threshold_offset_rank is not None else math.comb(
         counts + dp - 1, dp)
     return vectors * dp
 
 
 def _max_tokens(config: HarnessConfig, max_tokens: int | None) -> int:
     """The token bound to enumerate up to; one too large to finish is bad input."""
-    largest = min(config.max_num_reqs, config.max_num_batched_tokens)
+    largest = min(config.serving.max_num_reqs, config.serving.max_num_batched_tokens)
     if max_tokens is None:
         max_tokens = min(DEFAULT_MAX_TOKENS, largest)
     if _rank_decisions(config, 1) > MAX_RANK_DECISIONS:
-        raise ConfigError("nproc", f"{config.dp_size} ranks make more than "
+        raise ConfigError("nproc", f"{config.serving.dp_size} ranks make more than "
                           f"{MAX_RANK_DECISIONS:.0e} rank decisions even up to 1 token")
     tokens = max_tokens
     if not 1 <= tokens <= largest or _rank_decisions(config, tokens) <= MAX_RANK_DECISIONS:
@@ -195,7 +195,7 @@ def _max_tokens(config: HarnessConfig, max_tokens: int | None) -> int:
         mid = (low + high + 1) // 2
         low, high = (mid, high) if _rank_decisions(config, mid) <= MAX_RANK_DECISIONS \
             else (low, mid - 1)
-    raise ConfigError("max_tokens", f"{tokens} on {config.dp_size} ranks makes "
+    raise ConfigError("max_tokens", f"{tokens} on {config.serving.dp_size} ranks makes "
                       f"{_rank_decisions(config, tokens):,} rank decisions; at most {low} "
                       f"keeps within the {MAX_RANK_DECISIONS:.0e} (most of a day) the "
                       "enumeration is bounded by")
@@ -215,7 +215,7 @@ def cmd_exhaustive(args: argparse.Namespace) -> int:
                           "counterexamples": found, "vllm": tested_vllm_json(config)}))
     else:
         _print_tested(config)
-        print(f"{result.vectors} token vectors of {config.dp_size} ranks up to "
+        print(f"{result.vectors} token vectors of {config.serving.dp_size} ranks up to "
               f"{result.max_tokens} tokens in {seconds:.1f} s")
         for c in found:
             print(f"  {c['checker']}: tokens {c['tokens']}: {c['detail']}")

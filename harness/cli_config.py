@@ -57,12 +57,12 @@ def config_from_args(args: argparse.Namespace, dp_size: int | None = None,
     fields = {**config_fields_from_args(args), **(extra or {})}
     if dp_size is not None:
         fields.setdefault("dp_size", dp_size)
-    config = HarnessConfig(**fields)
+    config = HarnessConfig.of(**fields)
     # The offset is a fault on one rank: either flag alone would be silently inert.
-    if args.threshold_offset not in (None, 0) and config.threshold_offset_rank is None:
+    if args.threshold_offset not in (None, 0) and config.mutation.threshold_offset_rank is None:
         raise ConfigError("threshold_offset", "needs --threshold-offset-rank R, the rank it "
                           "shifts")
-    if args.threshold_offset_rank is not None and config.threshold_offset == 0:
+    if args.threshold_offset_rank is not None and config.mutation.threshold_offset == 0:
         raise ConfigError("threshold_offset_rank", "shifts nothing without a non-zero "
                           "--threshold-offset N")
     return config

@@ -1,6 +1,6 @@
-"""How `run` and `check` show a judged scenario: every verdict per phase and step, as text or
-one JSON object, and the exit code that goes with them. One printer, so a saved run judged
-again reads exactly as the run did."""
+"""How `run` and `check` show a judged scenario: every verdict per phase (start-up, each step,
+the whole scenario), as text or one JSON object, and the exit code that goes with them. One
+printer, so a saved run judged again reads exactly as the run did."""
 
 from __future__ import annotations
 
@@ -43,6 +43,7 @@ def _print_json(result: ScenarioResult, tested: Tested) -> None:
         "ok": result.ok,
         "startup": [v.to_dict() for v in result.startup_verdicts],
         "steps": [{"verdicts": [v.to_dict() for v in step.verdicts]} for step in result.steps],
+        "scenario_verdicts": [v.to_dict() for v in result.scenario_verdicts],
         "scenario": None if result.ok else json.loads(result.scenario.to_json()),
         "vllm": tested.vllm_json}))
 
@@ -50,7 +51,7 @@ def _print_json(result: ScenarioResult, tested: Tested) -> None:
 def _print_text(result: ScenarioResult, tested: Tested) -> None:
     scenario = result.scenario
     print_tested(tested)
-    print(f"scenario {scenario.name!r}: {scenario.config.dp_size} ranks, "
+    print(f"scenario {scenario.name!r}: {scenario.config.serving.dp_size} ranks, "
           f"{len(scenario.steps)} steps")
     print("startup (capture):")
     print("\n".join(_verdict_lines(result.startup_verdicts)))
@@ -60,6 +61,8 @@ def _print_text(result: ScenarioResult, tested: Tested) -> None:
     if len(result.steps) < len(scenario.steps):
         print(f"stopped after step {len(result.steps) - 1}: a rank failed or hung"
               if result.steps else "no step ran: capture failed")
+    print("scenario (every step):")
+    print("\n".join(_verdict_lines(result.scenario_verdicts)))
     if result.ok:
         unjudged = sum(not v.applied for v in result.verdicts())
         print("all checkers hold" + (f" ({unjudged} verdicts not applicable: n/a above)"

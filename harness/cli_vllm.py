@@ -124,11 +124,11 @@ def scenario_with_vllm_code(scenario: Scenario, args: argparse.Namespace) -> tup
     tests the code it was found on. Returns it and a note for the user ('' if none)."""
     config = scenario.config
     if not config.uses_vllm:
-        vllm_fields(args, config.sut.value)  # refuses vLLM flags for the harness's code
+        vllm_fields(args, config.system.sut.value)  # refuses vLLM flags for the harness's code
         return scenario, ""
     given = tuple(read_patch(path) for path in args.vllm_patch)
     differential = args.differential_against == "base"
-    recorded = config.vllm_patches
+    recorded = config.system.vllm_patches
     by_hash = {p.sha256: p for p in given}
     missing = [p for p in recorded if p.sha256 not in by_hash and not p.resolved]
     if missing:
@@ -145,11 +145,11 @@ def scenario_with_vllm_code(scenario: Scenario, args: argparse.Namespace) -> tup
         note = (f"note: the scenario recorded unpatched vLLM; running it with "
                 f"{', '.join(p.short for p in given)}")
     patches = tuple(by_hash.get(p.sha256, p) for p in recorded) or given
-    src = args.vllm_src or config.vllm_src
-    if src != config.vllm_src and config.vllm_src is not None:
-        note = f"note: the scenario recorded --vllm-src {config.vllm_src}; running {src}"
+    src = args.vllm_src or config.system.vllm_src
+    if src != config.system.vllm_src and config.system.vllm_src is not None:
+        note = f"note: the scenario recorded --vllm-src {config.system.vllm_src}; running {src}"
     check_vllm_code(src, patches)
     new = config.with_changes(vllm_src=src, vllm_patches=patches,
                               differential_against_base=differential
-                              or config.differential_against_base)
+                              or config.system.differential_against_base)
     return replace(scenario, config=new), note

@@ -37,3 +37,5 @@ class CheckerName(StrEnum):
     DIFFERENTIAL_BASE = "differential_base"
     DIFFERENTIAL = "differential"
     SPEC_DECISION = "spec_decision"
+    # the whole scenario, over every step's records at once (harness/check/whole_run.py)
+    STEPS_COMPLETE = "steps_complete"

@@ -6,22 +6,23 @@
      "expect": {"caught_by": "checker name", "caught_by_on": {"cuda": "other checker"}}}
 
 A rank is given by `query_lens` (one entry per request) or by `tokens` (that many one-token
-decode requests); `{"tokens": 0}` is an idle rank. Request i of a rank keeps state slot i
-across steps, so later steps continue the same requests. `caught_by` names the checker
-that catches the bug on emulated graphs; `caught_by_on` names another per graph backend
-where the real thing shows the bug elsewhere (a capture on the wrong stream fails capture on
-CUDA outright, where the emulation records an empty graph).
+decode requests); `{"tokens": 0}` is an idle rank: the wire form of harness/batch.py, read
+once into the RankBatch every world and the reference are given. Request i of a rank keeps
+state slot i across steps, so later steps continue the same requests. `caught_by` names the
+checker that catches the bug on emulated graphs; `caught_by_on` names another per graph
+backend where the real thing shows the bug elsewhere (a capture on the wrong stream fails
+capture on CUDA outright, where the emulation records an empty graph).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from harness.batch import RankBatch, validate_batches
-from harness.config import Execution, HarnessConfig, config_kwargs
+from harness.batch import RankBatch, rank_fields, validate_batches
+from harness.config import FLAT_FIELDS, Execution, HarnessConfig, config_kwargs
 from harness.config_values import check_seconds
 from harness.data_file import read_data_file
 from harness.errors import ConfigError
@@ -32,20 +33,9 @@ from harness.model.weights import DEFAULT_VOCAB
 
 
 @dataclass(frozen=True)
-class RankStep:
-    query_lens: tuple[int, ...]
-    allow_ubatching: bool = True
-    allow_skip_drafts: bool = False  # the rank's skip_drafts vote (docs/spec.md §1.6)
-
-    def batch(self, decode_query_len: int = 1) -> RankBatch:
-        return RankBatch.from_query_lens(self.query_lens, self.allow_ubatching,
-                                         decode_query_len, self.allow_skip_drafts)
-
-
-@dataclass(frozen=True)
 class Scenario:
     config: HarnessConfig
-    steps: tuple[tuple[RankStep, ...], ...]
+    steps: tuple[tuple[RankBatch, ...], ...]  # per step, what each rank is given
     faults: tuple[Fault, ...] = ()
     name: str = "scenario"
     description: str = ""
@@ -55,12 +45,20 @@ class Scenario:
     # The config changes that turn the buggy variant back into the reference behaviour.
     reference_changes: tuple[tuple[str, Any], ...] = ()
 
+    def __post_init__(self) -> None:
+        # A parsed or drawn scenario's ranks already fit its config and stay the same objects;
+        # one built by hand (or a config change) gets its request layout bound once, here.
+        q = self.config.serving.decode_query_len
+        steps = tuple(tuple(r.given_to(q) for r in ranks) for ranks in self.steps)
+        object.__setattr__(self, "steps", steps)
+
     def expected_checker(self, graphs: str) -> str | None:
         """The checker that must catch this scenario on the `graphs` backend."""
         return dict(self.caught_by_on).get(graphs, self.caught_by)
 
     def batches(self, step: int) -> list[RankBatch]:
-        return [r.batch(self.config.decode_query_len) for r in self.steps[step]]
+        """What each rank is given at `step`: the objects the scenario holds, not copies."""
+        return list(self.steps[step])
 
     def faults_at(self, step: int, rank: int) -> tuple[Fault, ...]:
         return tuple(f for f in self.faults if f.step == step and f.rank == rank)
@@ -71,7 +69,8 @@ class Scenario:
         Token ids are a pure function of (seed, rank, slot, position), so a rerun, the
         reference and every world see the same tokens.
         """
-        context = [[0] * self.config.max_num_reqs for _ in range(self.config.dp_size)]
+        context = [[0] * self.config.serving.max_num_reqs
+                   for _ in range(self.config.serving.dp_size)]
         out = []
         for ranks in self.steps:
             per_rank = []
@@ -79,7 +78,7 @@ class Scenario:
                 reqs = []
                 for slot, q in enumerate(rank_step.query_lens):
                     start = context[rank][slot]
-                    ids = tuple(_token_id(self.config.seed, rank, slot, p)
+                    ids = tuple(_token_id(self.config.model.seed, rank, slot, p)
                                 for p in range(start, start + q))
                     reqs.append(RequestSpec(slot, start, ids))
                     context[rank][slot] = start + q
@@ -92,7 +91,7 @@ class Scenario:
         if self.description:
             data["description"] = self.description
         data["config"] = self.config.to_dict()
-        data["steps"] = [{"ranks": [_rank_to_dict(r) for r in ranks]} for ranks in self.steps]
+        data["steps"] = [{"ranks": [r.to_dict() for r in ranks]} for ranks in self.steps]
         if self.faults:
             data["faults"] = [{"kind": f.kind.value, "rank": f.rank, "step": f.step,
                                "ubatch": f.ubatch, "seconds": f.seconds} for f in self.faults]
@@ -111,13 +110,13 @@ class Scenario:
     def without_rank(self, rank: int) -> Scenario:
         """The same case with `rank` left out of every step; later ranks move down by one."""
         data = self.to_dict()
-        data["config"]["dp_size"] = self.config.dp_size - 1
+        data["config"]["dp_size"] = self.config.serving.dp_size - 1
         offset_rank = data["config"].get("threshold_offset_rank")
         if offset_rank is not None and offset_rank > rank:
             data["config"]["threshold_offset_rank"] = offset_rank - 1
         elif offset_rank == rank:
             data["config"]["threshold_offset_rank"] = None
-        config = HarnessConfig(**config_kwargs(data["config"]))
+        config = HarnessConfig.of(**config_kwargs(data["config"]))
         steps = tuple(ranks[:rank] + ranks[rank + 1:] for ranks in self.steps)
         faults = tuple(replace(f, rank=f.rank - (f.rank > rank)) for f in self.faults
                        if f.rank != rank)
@@ -134,14 +133,16 @@ class Scenario:
             lens[-1] -= 1
         else:
             lens.pop()
-        shorter = replace(ranks[rank], query_lens=tuple(lens))
+        old = ranks[rank]
+        shorter = RankBatch.from_query_lens(lens, old.allow_ubatching, old.decode_query_len,
+                                            old.allow_skip_drafts)
         steps = list(self.steps)
         steps[step] = ranks[:rank] + (shorter,) + ranks[rank + 1:]
         return replace(self, steps=tuple(steps))
 
     def with_reference_behaviour(self) -> Scenario:
         """The same scenario with the variant switched back to the reference."""
-        config = HarnessConfig(**{**self.config.to_dict(), **dict(self.reference_changes)})
+        config = HarnessConfig.of(**{**self.config.to_dict(), **dict(self.reference_changes)})
         return replace(self, config=config, caught_by=None, caught_by_on=(),
                        reference_changes=())
 
@@ -151,7 +152,7 @@ class Scenario:
         data = self.to_dict()
         if "vllm_patches" in data["config"]:
             data["config"]["vllm_patches"] = [p.to_dict(with_diff=False)
-                                              for p in self.config.vllm_patches]
+                                              for p in self.config.system.vllm_patches]
         return json.dumps(data, indent=2)
 
 
@@ -159,64 +160,10 @@ def _token_id(seed: int, rank: int, slot: int, position: int) -> int:
     return (seed * 7919 + rank * 104729 + slot * 1299709 + position * 15485863) % DEFAULT_VOCAB
 
 
-def _rank_to_dict(rank_step: RankStep) -> dict[str, Any]:
-    lens = rank_step.query_lens
-    data: dict[str, Any] = ({"tokens": len(lens)} if all(q == 1 for q in lens)
-                            else {"query_lens": list(lens)})
-    if not rank_step.allow_ubatching:
-        data["allow_ubatching"] = False
-    if rank_step.allow_skip_drafts:  # omitted when default: older files read the same
-        data["allow_skip_drafts"] = True
-    return data
-
-
 def _int(value: Any, where: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise ConfigError(where, f"must be an integer, got {value!r}")
     return value
-
-
-# A rank as parsed: its decode token count, or its query lengths; allow_ubatching and
-# allow_skip_drafts.
-_RankSpec = tuple[int | tuple[int, ...], bool, bool]
-
-
-def _rank_from_dict(data: Any, where: str) -> _RankSpec:
-    if isinstance(data, int) and not isinstance(data, bool):
-        data = {"tokens": data}
-    if not isinstance(data, dict):
-        raise ConfigError(where, "must be an object with `tokens` or `query_lens`")
-    unknown = set(data) - {"tokens", "query_lens", "allow_ubatching", "allow_skip_drafts"}
-    if unknown:
-        raise ConfigError(f"{where}.{sorted(unknown)[0]}", "is not a rank field")
-    if ("tokens" in data) == ("query_lens" in data):
-        raise ConfigError(where, "needs exactly one of `tokens` or `query_lens`")
-    if "tokens" in data:
-        n = _int(data["tokens"], f"{where}.tokens")
-        if n < 0:
-            raise ConfigError(f"{where}.tokens", f"is negative ({n})")
-        spec: int | tuple[int, ...] = n
-    else:
-        raw = data["query_lens"]
-        if not isinstance(raw, list):
-            raise ConfigError(f"{where}.query_lens", "must be a list of integers")
-        spec = tuple(_int(q, f"{where}.query_lens") for q in raw)
-        if any(q < 1 for q in spec):
-            raise ConfigError(f"{where}.query_lens", "holds a request with no tokens")
-    allow = data.get("allow_ubatching", True)
-    if not isinstance(allow, bool):
-        raise ConfigError(f"{where}.allow_ubatching", f"must be true or false, got {allow!r}")
-    skip = data.get("allow_skip_drafts", False)
-    if not isinstance(skip, bool):
-        raise ConfigError(f"{where}.allow_skip_drafts", f"must be true or false, got {skip!r}")
-    return spec, allow, skip
-
-
-def _summary(spec: int | tuple[int, ...], allow: bool, skip: bool) -> RankBatch:
-    """The batch a parsed rank gives, without expanding a `tokens` count into requests."""
-    if isinstance(spec, int):
-        return RankBatch.uniform(spec, 1, allow_ubatching=allow)
-    return RankBatch.from_query_lens(spec, allow, allow_skip_drafts=skip)
 
 
 def _fault_from_dict(data: Any, where: str, config: HarnessConfig, num_steps: int) -> Fault:
@@ -235,14 +182,14 @@ def _fault_from_dict(data: Any, where: str, config: HarnessConfig, num_steps: in
     step = _int(data.get("step", 0), f"{where}.step")
     ubatch = _int(data.get("ubatch", 0), f"{where}.ubatch")
     seconds = check_seconds(f"{where}.seconds", data.get("seconds", 0.0), zero_ok=True)
-    if kind in VLLM_EXEC_FAULTS and config.execution is not Execution.VLLM:
+    if kind in VLLM_EXEC_FAULTS and config.system.execution is not Execution.VLLM:
         raise ConfigError(f"{where}.kind", f"{kind.value} is a stage of vLLM's microbatch "
                           "threads: it needs execution vllm (--exec vllm)")
     if seconds and kind not in SLEEPING_FAULTS:
         raise ConfigError(f"{where}.seconds", f"only slow_rank and slow_ubatch sleep; {kind.value} "
                           "would ignore it")
-    if not 0 <= rank < config.dp_size:
-        raise ConfigError(f"{where}.rank", f"{rank} is outside dp_size={config.dp_size}")
+    if not 0 <= rank < config.serving.dp_size:
+        raise ConfigError(f"{where}.rank", f"{rank} is outside dp_size={config.serving.dp_size}")
     if not 0 <= step < num_steps:
         raise ConfigError(f"{where}.step", f"{step} is outside the {num_steps} steps")
     if not 0 <= ubatch < max(config.num_ubatches, 1):
@@ -293,22 +240,23 @@ def scenario_from_dict(data: Any) -> Scenario:
         ranks = raw.get("ranks") if isinstance(raw, dict) else raw
         if not isinstance(ranks, list) or not ranks:
             raise ConfigError(f"steps[{i}].ranks", "must be a non-empty list, one per rank")
-        parsed.append([_rank_from_dict(r, f"steps[{i}].ranks[{j}]")
-                       for j, r in enumerate(ranks)])
+        parsed.append([rank_fields(r, f"steps[{i}].ranks[{j}]") for j, r in enumerate(ranks)])
     widths = {len(ranks) for ranks in parsed}
     if len(widths) != 1:
         raise ConfigError("steps", "every step needs the same number of ranks")
     kwargs = config_kwargs(data.get("config", {}))
     kwargs.setdefault("dp_size", widths.pop())
-    config = HarnessConfig(**kwargs)
+    config = HarnessConfig.of(**kwargs)
+    steps = []
     for i, ranks in enumerate(parsed):
+        # Each rank built once, here; `{"tokens": 10**12}` is refused before it is expanded.
+        built = tuple(RankBatch.from_fields(r, config.serving.decode_query_len,
+                                            config.serving.max_num_batched_tokens) for r in ranks)
         try:
-            # On summaries: `{"tokens": 10**12}` is refused before it is expanded.
-            validate_batches(config, [_summary(*r) for r in ranks])
+            validate_batches(config, built)
         except ConfigError as exc:
             raise ConfigError(f"steps[{i}].{exc.field}", exc.message) from None
-    steps = [tuple(RankStep((1,) * spec if isinstance(spec, int) else spec, allow, skip)
-                   for spec, allow, skip in ranks) for ranks in parsed]
+        steps.append(built)
     raw_faults = data.get("faults", [])
     if not isinstance(raw_faults, list):
         raise ConfigError("faults", "must be a list")
@@ -326,9 +274,8 @@ def scenario_from_dict(data: Any) -> Scenario:
     reference = expect.get("reference", {})
     if not isinstance(reference, dict):
         raise ConfigError("expect.reference", "must be an object of config fields")
-    known = {f.name for f in fields(HarnessConfig) if f.init}
     for key in reference:
-        if key not in known:
+        if key not in FLAT_FIELDS:
             raise ConfigError(f"expect.reference.{key}", "is not a config field")
     scenario = Scenario(config, tuple(steps), faults, data.get("name", "scenario"),
                         data.get("description", ""), caught_by,

@@ -39,7 +39,7 @@ def cross_check(config: HarnessConfig, run: Callable[[Scenario], ScenarioHistory
         hunted = SHOWN_BY.get(cls, (cls,))
         variant = Variant(f"cross-check-{cls}", f"hunting {cls} on a pinned config",
                           caught_by=hunted)
-        outcome = fuzz(variant, run, world=world, dp_sizes=(config.dp_size,),
+        outcome = fuzz(variant, run, world=world, dp_sizes=(config.serving.dp_size,),
                        fixed=config.to_dict(), budget=budget, seed=seed, hunt=hunted)
         found[cls] = outcome.checker if outcome.found else None
     return CrossCheck(config, enumerated, found)

@@ -17,8 +17,8 @@ FINGERPRINT = (("all_reduce", (7, 4), "int32"), ("all_to_all", (258, 19), "float
 
 
 def config(ranks: int) -> HarnessConfig:
-    return HarnessConfig(dp_size=ranks, capture_sizes=(16, 32), max_num_reqs=32,
-                         max_num_batched_tokens=64, decode_threshold=8, prefill_threshold=16)
+    return HarnessConfig.of(dp_size=ranks, capture_sizes=(16, 32), max_num_reqs=32,
+                            max_num_batched_tokens=64, decode_threshold=8, prefill_threshold=16)
 
 
 def plans(ranks: int):

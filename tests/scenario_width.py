@@ -10,7 +10,7 @@ from harness.scenario import Scenario
 
 def with_dp_size(scenario: Scenario, dp_size: int) -> Scenario:
     """The same case on more (or fewer) ranks: extra ranks repeat the last rank's batch."""
-    if dp_size == scenario.config.dp_size:
+    if dp_size == scenario.config.serving.dp_size:
         return scenario
     steps = tuple((ranks + (ranks[-1],) * dp_size)[:dp_size] for ranks in scenario.steps)
     faults = tuple(f for f in scenario.faults if f.rank < dp_size)
@@ -19,5 +19,5 @@ def with_dp_size(scenario: Scenario, dp_size: int) -> Scenario:
     offset_rank = data["config"].get("threshold_offset_rank")
     if offset_rank is not None and offset_rank >= dp_size:
         data["config"]["threshold_offset_rank"] = dp_size - 1
-    config = HarnessConfig(**config_kwargs(data["config"]))
+    config = HarnessConfig.of(**config_kwargs(data["config"]))
     return replace(scenario, config=config, steps=steps, faults=faults)

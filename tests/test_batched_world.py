@@ -56,7 +56,7 @@ def test_a_checker_failure_inside_a_batch_is_caught_and_rerun_alone(world):
     assert [r.scenario for r in failed] == [bug]
     assert "no_empty_region" in {v.checker for _, v in failed[0].failed_verdicts()}
     for rank, record in enumerate(failed[0].steps[0].records):
-        assert len(record.outputs) == bug.steps[0][rank].batch().num_tokens
+        assert len(record.outputs) == bug.steps[0][rank].num_tokens
 
 
 def test_a_rank_lost_inside_a_batch_is_run_alone_and_the_rest_still_come_back(world):

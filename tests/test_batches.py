@@ -8,7 +8,7 @@ from harness.batch import RankBatch, dummy_query_lens, validate_batches
 from harness.config import HarnessConfig
 from harness.errors import ConfigError
 
-CONFIG = HarnessConfig(dp_size=2, max_num_reqs=64, max_num_batched_tokens=256)
+CONFIG = HarnessConfig.of(dp_size=2, max_num_reqs=64, max_num_batched_tokens=256)
 
 
 def rejected_field(batches, config=CONFIG) -> str:

@@ -24,8 +24,8 @@ from harness.history.records import StepRecord
 from harness.history.step_error import StepError
 from harness.sut.step_plan import plan_without_world
 
-CONFIG = HarnessConfig(capture_sizes=(16, 32), max_num_reqs=32, max_num_batched_tokens=64,
-                       decode_threshold=8, prefill_threshold=16)
+CONFIG = HarnessConfig.of(capture_sizes=(16, 32), max_num_reqs=32, max_num_batched_tokens=64,
+                          decode_threshold=8, prefill_threshold=16)
 ROWS = ((1.0, 2.0), (3.0, 4.0))
 STATE = ((0.5, 0.5), (0.0, 0.0))  # one real slot, then the scratch slot
 ROUTES = ((0, 0, 1), (1, 0, 0))

@@ -36,8 +36,8 @@ def test_the_all_reduce_is_logged_with_the_tensor_each_rank_passed():
 
 
 def test_the_dp_sync_logs_the_matrix_it_reduces():
-    config = HarnessConfig(dp_size=3, capture_sizes=(16,), max_num_reqs=16,
-                           max_num_batched_tokens=16, decode_threshold=2, prefill_threshold=4)
+    config = HarnessConfig.of(dp_size=3, capture_sizes=(16,), max_num_reqs=16,
+                              max_num_batched_tokens=16, decode_threshold=2, prefill_threshold=4)
     log = CollectiveLog()
     sync_dp(LoneGroup(), config, graph_table_for(config, 0), 0, RankBatch.uniform(4, 1), 1.0,
             log)

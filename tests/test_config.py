@@ -26,7 +26,7 @@ FULL_AND_PIECEWISE = CudaGraphMode.FULL_AND_PIECEWISE
 
 def rejected_field(**kwargs) -> str:
     with pytest.raises(ConfigError) as info:
-        HarnessConfig(**kwargs)
+        HarnessConfig.of(**kwargs)
     return info.value.field
 
 
@@ -34,26 +34,26 @@ def rejected_field(**kwargs) -> str:
 
 
 def test_enable_dbo_turns_microbatching_on_with_two_microbatches():
-    config = HarnessConfig(enable_dbo=True, ubatch_size=0)
+    config = HarnessConfig.of(enable_dbo=True, ubatch_size=0)
     assert config.use_ubatching is True
     assert config.num_ubatches == 2
 
 
 def test_enable_dbo_forces_two_microbatches_whatever_the_ubatch_size():
-    config = HarnessConfig(enable_dbo=True, ubatch_size=3)
+    config = HarnessConfig.of(enable_dbo=True, ubatch_size=3)
     assert config.use_ubatching is True
     assert config.num_ubatches == 2
 
 
 def test_ubatch_size_three_without_enable_dbo_gives_three_microbatches():
-    config = HarnessConfig(enable_dbo=False, ubatch_size=3)
+    config = HarnessConfig.of(enable_dbo=False, ubatch_size=3)
     assert config.use_ubatching is True
     assert config.num_ubatches == 3
 
 
 @pytest.mark.parametrize("ubatch_size", [0, 1])
 def test_ubatch_size_below_two_without_enable_dbo_leaves_microbatching_off(ubatch_size):
-    config = HarnessConfig(enable_dbo=False, ubatch_size=ubatch_size)
+    config = HarnessConfig.of(enable_dbo=False, ubatch_size=ubatch_size)
     assert config.use_ubatching is False
     assert config.num_ubatches == 1
 
@@ -86,7 +86,7 @@ def test_only_none_piecewise_and_full_run_a_single_routine():
 def test_a_graph_mode_is_parsed_from_its_name_in_any_case():
     assert CudaGraphMode.parse("full_and_piecewise") is FULL_AND_PIECEWISE
     assert CudaGraphMode.parse("Full_Decode_Only") is FULL_DECODE_ONLY
-    assert HarnessConfig(cudagraph_mode="none").cudagraph_mode is NONE
+    assert HarnessConfig.of(cudagraph_mode="none").serving.cudagraph_mode is NONE
 
 
 # -- capture sizes (1.4) -------------------------------------------------------------------
@@ -95,7 +95,7 @@ def test_a_graph_mode_is_parsed_from_its_name_in_any_case():
 def test_four_requests_give_the_ladder_up_to_eight():
     # largest = min(2 * 4, 512, 256) = 8: [1, 2, 4] plus range(8, 9, 8).
     assert default_capture_sizes(4, 256) == (1, 2, 4, 8)
-    assert HarnessConfig(max_num_reqs=4).cudagraph_capture_sizes == (1, 2, 4, 8)
+    assert HarnessConfig.of(max_num_reqs=4).cudagraph_capture_sizes == (1, 2, 4, 8)
 
 
 def test_one_request_gives_only_sizes_one_and_two():
@@ -106,7 +106,7 @@ def test_sixty_four_requests_give_steps_of_eight_up_to_twice_the_requests():
     # largest = min(128, 512, 256) = 128; 256 tokens is above it and is not added.
     expected = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 128)
     assert default_capture_sizes(64, 256) == expected
-    config = HarnessConfig(max_num_reqs=64, max_num_batched_tokens=256)
+    config = HarnessConfig.of(max_num_reqs=64, max_num_batched_tokens=256)
     assert config.cudagraph_capture_sizes == expected
     assert config.max_capture_size == 128
 
@@ -125,7 +125,7 @@ def test_a_token_budget_below_twice_the_requests_is_itself_a_capture_size():
     # largest = min(128, 512, 100) = 100: multiples of 8 up to 96, then 100 itself.
     expected = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 100)
     assert default_capture_sizes(64, 100) == expected
-    assert HarnessConfig(max_num_reqs=64, max_num_batched_tokens=100).max_capture_size == 100
+    assert HarnessConfig.of(max_num_reqs=64, max_num_batched_tokens=100).max_capture_size == 100
 
 
 def test_a_token_budget_already_on_the_ladder_is_not_added_twice():
@@ -139,14 +139,14 @@ def test_a_token_budget_between_256_and_512_ends_the_sixteen_step_ladder():
 
 
 def test_explicit_capture_sizes_are_deduplicated_and_sorted():
-    config = HarnessConfig(capture_sizes=(16, 4, 16, 8, 4))
+    config = HarnessConfig.of(capture_sizes=(16, 4, 16, 8, 4))
     assert config.cudagraph_capture_sizes == (4, 8, 16)
     assert config.max_capture_size == 16
 
 
 @pytest.mark.parametrize("capture_sizes", [None, (8, 16)])
 def test_graph_mode_none_captures_no_sizes(capture_sizes):
-    config = HarnessConfig(cudagraph_mode=NONE, capture_sizes=capture_sizes)
+    config = HarnessConfig.of(cudagraph_mode=NONE, capture_sizes=capture_sizes)
     assert config.cudagraph_capture_sizes == ()
     assert config.max_capture_size == 0
 
@@ -162,14 +162,14 @@ def test_microbatching_rejects_piecewise_graphs(enable_dbo, ubatch_size):
 
 @pytest.mark.parametrize("mode", [FULL, FULL_DECODE_ONLY, FULL_AND_PIECEWISE, NONE])
 def test_microbatching_accepts_every_mode_but_pure_piecewise(mode):
-    config = HarnessConfig(enable_dbo=True, cudagraph_mode=mode)
-    assert config.cudagraph_mode is mode
+    config = HarnessConfig.of(enable_dbo=True, cudagraph_mode=mode)
+    assert config.serving.cudagraph_mode is mode
     assert config.num_ubatches == 2
 
 
 def test_piecewise_graphs_are_fine_without_microbatching():
-    config = HarnessConfig(enable_dbo=False, cudagraph_mode=PIECEWISE)
-    assert config.cudagraph_mode is PIECEWISE
+    config = HarnessConfig.of(enable_dbo=False, cudagraph_mode=PIECEWISE)
+    assert config.serving.cudagraph_mode is PIECEWISE
 
 
 @pytest.mark.parametrize("field", ["decode_threshold", "prefill_threshold"])
@@ -179,14 +179,14 @@ def test_a_threshold_below_the_microbatch_count_is_rejected(field):
 
 
 def test_a_threshold_equal_to_the_microbatch_count_is_accepted():
-    assert HarnessConfig(enable_dbo=True, decode_threshold=2, prefill_threshold=2)
-    assert HarnessConfig(enable_dbo=False, ubatch_size=3, decode_threshold=3,
-                         prefill_threshold=3)
+    assert HarnessConfig.of(enable_dbo=True, decode_threshold=2, prefill_threshold=2)
+    assert HarnessConfig.of(enable_dbo=False, ubatch_size=3, decode_threshold=3,
+                            prefill_threshold=3)
 
 
 def test_a_zero_threshold_is_fine_without_microbatching():
-    config = HarnessConfig(enable_dbo=False, decode_threshold=0, prefill_threshold=0)
-    assert config.decode_threshold == 0
+    config = HarnessConfig.of(enable_dbo=False, decode_threshold=0, prefill_threshold=0)
+    assert config.serving.decode_threshold == 0
 
 
 @pytest.mark.parametrize(("enable_dbo", "ubatch_size"), [(True, 0), (False, 3)])
@@ -196,7 +196,7 @@ def test_microbatching_needs_at_least_two_dp_ranks(enable_dbo, ubatch_size):
 
 
 def test_a_single_dp_rank_is_fine_without_microbatching():
-    assert HarnessConfig(dp_size=1, enable_dbo=False).dp_size == 1
+    assert HarnessConfig.of(dp_size=1, enable_dbo=False).serving.dp_size == 1
 
 
 @pytest.mark.parametrize("num_ubatches", [1, 0, -2, True, "2"])
@@ -230,18 +230,18 @@ def test_a_non_positive_capture_size_is_rejected(bad):
 
 def test_a_capture_size_above_the_token_budget_is_rejected():
     assert rejected_field(capture_sizes=(8, 257), max_num_batched_tokens=256) == "capture_sizes"
-    assert HarnessConfig(capture_sizes=(8, 256), max_num_batched_tokens=256).max_capture_size \
+    assert HarnessConfig.of(capture_sizes=(8, 256), max_num_batched_tokens=256).max_capture_size \
         == 256
 
 
 def test_experts_are_sharded_evenly_over_the_dp_ranks():
-    assert HarnessConfig(dp_size=3, experts_per_rank=2).num_experts == 6
+    assert HarnessConfig.of(dp_size=3, experts_per_rank=2).num_experts == 6
     assert rejected_field(experts_per_rank=0) == "experts_per_rank"
 
 
 def test_top_k_cannot_exceed_the_number_of_experts():
     assert rejected_field(dp_size=2, experts_per_rank=2, top_k=5) == "top_k"
-    assert HarnessConfig(dp_size=2, experts_per_rank=2, top_k=4).top_k == 4
+    assert HarnessConfig.of(dp_size=2, experts_per_rank=2, top_k=4).model.top_k == 4
 
 
 @pytest.mark.parametrize("rank", [2, -1])
@@ -250,8 +250,8 @@ def test_the_threshold_offset_rank_must_be_a_dp_rank(rank):
 
 
 def test_the_threshold_offset_moves_only_its_own_rank():
-    config = HarnessConfig(dp_size=2, decode_threshold=32, threshold_offset_rank=1,
-                           threshold_offset=8)
+    config = HarnessConfig.of(dp_size=2, decode_threshold=32, threshold_offset_rank=1,
+                              threshold_offset=8)
     assert config.decode_threshold_for_rank(0) == 32
     assert config.decode_threshold_for_rank(1) == 40
 
@@ -279,19 +279,19 @@ def test_an_unknown_variant_name_is_rejected(field, value):
 
 def test_variant_names_select_the_variants():
     config = HarnessConfig.from_dict({"guard": "strict-k2", "twins": "reachable"})
-    assert config.guard is Guard.STRICT_K2
-    assert config.twins is Twins.REACHABLE
+    assert config.mutation.guard is Guard.STRICT_K2
+    assert config.mutation.twins is Twins.REACHABLE
 
 
 # -- serialisation -------------------------------------------------------------------------
 
 
 def _non_default_config() -> HarnessConfig:
-    return HarnessConfig(dp_size=4, enable_dbo=False, ubatch_size=3, decode_threshold=8,
-                         prefill_threshold=64, cudagraph_mode=FULL_AND_PIECEWISE,
-                         capture_sizes=(16, 8), max_num_reqs=32, max_num_batched_tokens=128,
-                         experts_per_rank=2, top_k=3, seed=7, guard=Guard.MERGED,
-                         twins=Twins.REACHABLE, threshold_offset_rank=3, threshold_offset=4)
+    return HarnessConfig.of(dp_size=4, enable_dbo=False, ubatch_size=3, decode_threshold=8,
+                            prefill_threshold=64, cudagraph_mode=FULL_AND_PIECEWISE,
+                            capture_sizes=(16, 8), max_num_reqs=32, max_num_batched_tokens=128,
+                            experts_per_rank=2, top_k=3, seed=7, guard=Guard.MERGED,
+                            twins=Twins.REACHABLE, threshold_offset_rank=3, threshold_offset=4)
 
 
 def test_a_config_survives_a_round_trip_through_a_dict():
@@ -309,7 +309,7 @@ def test_a_json_config_file_is_loaded(tmp_path):
     path = tmp_path / "case.json"
     path.write_text(json.dumps({"dp_size": 4, "num_ubatches": 3, "capture_sizes": [8, 16]}))
     config = HarnessConfig.from_dict(load_config_file(path))
-    assert (config.dp_size, config.num_ubatches) == (4, 3)
+    assert (config.serving.dp_size, config.num_ubatches) == (4, 3)
     assert config.cudagraph_capture_sizes == (8, 16)
 
 
@@ -321,9 +321,9 @@ def test_a_toml_config_file_is_loaded_with_or_without_a_config_table(tmp_path):
                       'guard = "merged"\n')
     for path in (flat, nested):
         config = HarnessConfig.from_dict(load_config_file(path))
-        assert config.dp_size == 4
-        assert config.cudagraph_mode is FULL_DECODE_ONLY
-        assert config.guard is Guard.MERGED
+        assert config.serving.dp_size == 4
+        assert config.serving.cudagraph_mode is FULL_DECODE_ONLY
+        assert config.mutation.guard is Guard.MERGED
 
 
 @pytest.mark.parametrize(
@@ -346,10 +346,10 @@ def test_a_missing_config_file_is_a_config_error(tmp_path):
 
 def test_only_the_single_rank_gpu_world_admits_one_microbatched_rank():
     with pytest.raises(ConfigError) as exc:
-        HarnessConfig(dp_size=1)
+        HarnessConfig.of(dp_size=1)
     assert exc.value.field == "dp_size"
-    alone = HarnessConfig(dp_size=1, single_rank_gpu_world=True)
-    assert alone.num_ubatches == 2 and HarnessConfig(**alone.to_dict()) == alone
+    alone = HarnessConfig.of(dp_size=1, single_rank_gpu_world=True)
+    assert alone.num_ubatches == 2 and HarnessConfig.of(**alone.to_dict()) == alone
     with pytest.raises(ConfigError) as exc:
-        HarnessConfig(dp_size=2, single_rank_gpu_world=True)
+        HarnessConfig.of(dp_size=2, single_rank_gpu_world=True)
     assert exc.value.field == "single_rank_gpu_world"

@@ -19,6 +19,7 @@ from scenario_width import with_dp_size
 from harness.check.judge import judge
 from harness.scenario import load_scenario, scenario_from_dict
 from harness.world.channel.control_server import HANDSHAKE_TIMEOUT_S, ControlServer
+from harness.world.channel.messages import WorkerReady, to_wire
 from harness.world.channel.wire import new_control_key
 from harness.world.torchrun.world import TorchrunWorld
 
@@ -147,8 +148,8 @@ def test_a_client_holding_a_wrong_key_is_refused_and_the_right_key_gets_through(
         assert "failed the handshake" in capsys.readouterr().err
         client = Client(("127.0.0.1", server.port), family="AF_INET", authkey=key)
         channel = server.accept(time.monotonic() + 10.0)
-        client.send(("hello", 3, 4))
-        assert channel.recv(timeout_s=5) == ("hello", 3, 4)
+        client.send_bytes(to_wire(WorkerReady(3)))
+        assert channel.recv(timeout_s=5) == WorkerReady(3)
         client.close()
         channel.close()
     finally:

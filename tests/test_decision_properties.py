@@ -16,7 +16,7 @@ from harness.sut.step_plan import graph_table_for, plan_without_world
 def dispatch_queries(draw):
     config = draw(configs())
     k = config.num_ubatches
-    num_tokens = draw(st.integers(0, config.max_num_batched_tokens + 8))
+    num_tokens = draw(st.integers(0, config.serving.max_num_batched_tokens + 8))
     num_reqs = draw(st.integers(0, max(num_tokens, 1)))
     uct = draw(st.sampled_from([None, 1, 2]))
     return config, dict(num_reqs=num_reqs, num_tokens=num_tokens, uniform_token_count=uct,
@@ -100,7 +100,7 @@ def test_hypothesis_finds_the_merged_guard_bug_by_itself_and_shrinks_it_to_half_
 @given(steps(configs(guards=(Guard.FIXED, Guard.MERGED, Guard.STRICT_K2))))
 def test_guards_differ_only_on_the_microbatched_graph_versus_eager_choice(step):
     config, batches = step
-    assume(config.cudagraph_mode is not CudaGraphMode.NONE)
+    assume(config.serving.cudagraph_mode is not CudaGraphMode.NONE)
     kinds = {guard: [p.kind for p in plan_without_world(config.with_changes(guard=guard),
                                                         batches)]
              for guard in Guard}

@@ -101,7 +101,7 @@ def test_the_fuzzer_finds_each_planted_bug_from_nothing_and_shrinks_it(
         # `<=`; no fewer than the decode threshold), with the last region still empty.
         graph, k = graph_of(shrunk.config, max(tokens)), shrunk.config.num_ubatches
         lowest = -(-graph // 2) if name == "guard-merged" else graph // 2 + 1
-        assert min(tokens) == max(lowest, shrunk.config.decode_threshold), shrunk.to_json()
+        assert min(tokens) == max(lowest, shrunk.config.serving.decode_threshold), shrunk.to_json()
         assert min(tokens) <= last_region_start(graph, k)
     if name == "stock-protocol":
         assert [f.kind.value for f in shrunk.faults] == ["raise_in_ubatch"]

@@ -29,14 +29,14 @@ def graph_config(**changes) -> HarnessConfig:
     base = dict(dp_size=2, capture_sizes=(64, 128), max_num_reqs=256,
                 max_num_batched_tokens=1024, **THRESHOLDS)
     base.update(changes)
-    return HarnessConfig(**base)
+    return HarnessConfig.of(**base)
 
 
 def eager_config(**changes) -> HarnessConfig:
     base = dict(dp_size=2, cudagraph_mode="NONE", max_num_reqs=256,
                 max_num_batched_tokens=1024, **THRESHOLDS)
     base.update(changes)
-    return HarnessConfig(**base)
+    return HarnessConfig.of(**base)
 
 
 def decode(*tokens: int) -> list[RankBatch]:

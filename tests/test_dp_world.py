@@ -46,7 +46,7 @@ def test_ranks_over_gloo_decide_exactly_what_the_gathered_matrix_decides(world, 
 
 
 def test_a_rank_that_skips_the_sync_makes_its_peers_fail_within_the_group_timeout(nproc):
-    config = HarnessConfig(dp_size=nproc)
+    config = HarnessConfig.of(dp_size=nproc)
     batch = RankBatch.uniform(64, 1)
 
     def rank_code(rank, group):

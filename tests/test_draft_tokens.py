@@ -22,7 +22,7 @@ from harness.fuzz.engine import FUZZ_TIMEOUTS, Budget, fuzz
 from harness.fuzz.variants import VARIANTS
 from harness.gen.strategies import draft_batches, fuzz_configs
 from harness.history.records import StepRecord
-from harness.scenario import RankStep, Scenario, load_scenario, scenario_from_dict
+from harness.scenario import Scenario, load_scenario, scenario_from_dict
 from harness.spec.decision import graph_table, spec_plans
 from harness.sut.dp_sync import decide_from_matrix, gathered_rows
 from harness.sut.graph_table import GraphTable
@@ -36,7 +36,7 @@ def drafts(dp: int = 2, **changes) -> HarnessConfig:
     fields = {"dp_size": dp, "enable_dbo": False, "decode_query_len": 3, "varlen_decode": True,
               "cudagraph_mode": "FULL_AND_PIECEWISE", "capture_sizes": (8, 16),
               "max_num_reqs": 8, "max_num_batched_tokens": 64}
-    return HarnessConfig(**{**fields, **changes})
+    return HarnessConfig.of(**{**fields, **changes})
 
 
 def batch(lens, skip: bool = False, q: int = 3) -> RankBatch:
@@ -46,13 +46,13 @@ def batch(lens, skip: bool = False, q: int = 3) -> RankBatch:
 # -- config ---------------------------------------------------------------------------------
 
 def test_draft_tokens_are_legal_without_microbatching_and_refused_with_it_naming_the_field():
-    assert drafts().decode_query_len == 3
+    assert drafts().serving.decode_query_len == 3
     with pytest.raises(ConfigError) as error:
-        HarnessConfig(decode_query_len=2)  # DBO is on by default
+        HarnessConfig.of(decode_query_len=2)  # DBO is on by default
     assert error.value.field == "decode_query_len"
     assert "speculative decoding with DBO" in str(error.value)
     with pytest.raises(ConfigError) as error:
-        HarnessConfig(enable_dbo=False, ubatch_size=3, decode_query_len=2)
+        HarnessConfig.of(enable_dbo=False, ubatch_size=3, decode_query_len=2)
     assert error.value.field == "decode_query_len"
 
 
@@ -167,7 +167,8 @@ def test_a_sync_that_reads_skip_drafts_from_rank_0_alone_is_caught_by_the_spec_c
 # -- scenarios -------------------------------------------------------------------------------
 
 def test_a_skip_drafts_vote_is_written_only_when_set_and_read_back():
-    scenario = Scenario(drafts(), ((RankStep((1, 3), allow_skip_drafts=True), RankStep((2,))),))
+    scenario = Scenario(drafts(), ((RankBatch.from_query_lens((1, 3), allow_skip_drafts=True),
+                                    RankBatch.from_query_lens((2,))),))
     ranks = scenario.to_dict()["steps"][0]["ranks"]
     assert ranks == [{"query_lens": [1, 3], "allow_skip_drafts": True}, {"query_lens": [2]}]
     again = scenario_from_dict(json.loads(scenario.to_json()))
@@ -188,7 +189,8 @@ def test_varlen_decode_graphs_replay_mixed_decode_lengths_correctly_on_the_sim_w
     # Step 0 has a prefill (PIECEWISE for both), steps 1-2 replay the varlen graphs of 8 and
     # 16 tokens, padded to their requests; every checker holds, the reference rows included.
     steps = (((1, 3, 2), (5, 1)), ((1, 3, 2), (2, 1, 3)), ((3, 1, 1, 2, 3, 1), (1, 1)))
-    scenario = Scenario(drafts(), tuple((RankStep(a), RankStep(b, allow_skip_drafts=True))
+    scenario = Scenario(drafts(), tuple((RankBatch.from_query_lens(a),
+                                         RankBatch.from_query_lens(b, allow_skip_drafts=True))
                                         for a, b in steps))
     with SimWorld(2, FUZZ_TIMEOUTS) as world:
         result = judge(world.run(scenario))
@@ -221,10 +223,10 @@ def test_the_fuzzer_draws_drafts_varlen_graphs_and_every_layout_without_microbat
     def draw(data):
         config = data.draw(fuzz_configs({"enable_dbo": False, "ubatch_size": 0},
                                         dp_sizes=(3,)))
-        assert config.decode_query_len == 1 or not config.use_ubatching
-        q = config.decode_query_len
+        assert config.serving.decode_query_len == 1 or not config.use_ubatching
+        q = config.serving.decode_query_len
         seen.add(f"q{q}")
-        if config.varlen_decode:
+        if config.serving.varlen_decode:
             seen.add("varlen")
         if q == 1:
             return
@@ -253,7 +255,7 @@ def test_the_variant_is_found_by_agreement_from_an_empty_database(tmp_path):
                        budget=Budget(examples=200, seconds=None, shrink_seconds=20.0),
                        database=None, scenario_dir=tmp_path, seed=0)
     assert outcome.found and outcome.checker in variant.caught_by, outcome.note
-    assert outcome.scenario.config.query_len_bound.value == "rank-local"
+    assert outcome.scenario.config.mutation.query_len_bound.value == "rank-local"
 
 
 def test_the_reference_holds_on_draft_configs_with_the_varlen_decode_graphs(tmp_path):

@@ -38,7 +38,7 @@ STATE = ((0.5, 0.5), (0.0, 0.0))
 def config(ranks: int, **changes) -> HarnessConfig:
     fields = {"dp_size": ranks, "capture_sizes": (16, 32), "max_num_reqs": 32,
               "max_num_batched_tokens": 64, "decode_threshold": 8, "prefill_threshold": 16}
-    return HarnessConfig(**{**fields, **changes})
+    return HarnessConfig.of(**{**fields, **changes})
 
 
 def eager_split_records(ranks: int) -> list[StepRecord]:
@@ -90,7 +90,7 @@ def test_an_eager_split_at_other_token_bounds_on_the_last_rank_fails_eager_slice
 
 def test_a_plan_that_replays_a_graph_but_ran_eagerly_fails_executes_plan():
     rec = eager_split_records(2)[1]
-    twin = GraphDescriptor(config(2).cudagraph_mode, 32, 32, 1, num_ubatches=2)
+    twin = GraphDescriptor(config(2).serving.cudagraph_mode, 32, 32, 1, num_ubatches=2)
     full = replace(rec, plan=replace(rec.plan, desc=twin))
     assert not check_executes_plan([rec, full]).ok
     assert "not found under its descriptor" in check_executes_plan([rec, full]).detail
@@ -124,11 +124,12 @@ def test_dispatch_capacity_holds_a_step_to_the_buffers_the_rank_has():
 
 def test_the_twin_key_of_the_first_two_microbatches_differs_from_the_total_only_for_k_above_2():
     def key(k: int, tokens: int) -> int:
-        cfg = HarnessConfig(capture_key="first-two", **ubatching_fields(k), capture_sizes=(tokens,),
-                            decode_threshold=k, prefill_threshold=k)
+        cfg = HarnessConfig.of(capture_key="first-two", **ubatching_fields(k),
+                               capture_sizes=(tokens,),
+                               decode_threshold=k, prefill_threshold=k)
         manager = GraphManager.__new__(GraphManager)
         manager.config = cfg
-        return manager.store_key(GraphDescriptor(cfg.cudagraph_mode, tokens, tokens, 1,
+        return manager.store_key(GraphDescriptor(cfg.serving.cudagraph_mode, tokens, tokens, 1,
                                                  num_ubatches=k)).num_tokens
 
     assert [key(2, 12), key(2, 13), key(3, 12), key(4, 12), key(3, 14)] == [12, 13, 8, 6, 8]
@@ -163,7 +164,7 @@ def test_the_spec_oracle_models_the_rank_local_opt_out_as_the_decision_code_does
 
 
 def run(scenario):
-    with SimWorld(scenario.config.dp_size, FAST) as world:
+    with SimWorld(scenario.config.serving.dp_size, FAST) as world:
         return judge(world.run(scenario))
 
 

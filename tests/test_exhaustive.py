@@ -16,35 +16,35 @@ SMALL = dict(capture_sizes=(16, 32, 48), max_num_reqs=64, max_num_batched_tokens
 
 def test_the_reference_breaks_no_structural_invariant_on_any_small_world():
     for dp, bound in ((2, 64), (3, 40)):
-        result = explore(HarnessConfig(dp_size=dp, **SMALL), bound)
+        result = explore(HarnessConfig.of(dp_size=dp, **SMALL), bound)
         assert result.ok, result.counterexamples
 
 
 def test_sorted_vectors_cover_a_symmetric_world_and_all_vectors_an_asymmetric_one():
-    assert explore(HarnessConfig(**SMALL), 20).vectors == 21 * 22 // 2
-    asymmetric = HarnessConfig(**SMALL, threshold_offset_rank=1, threshold_offset=8)
+    assert explore(HarnessConfig.of(**SMALL), 20).vectors == 21 * 22 // 2
+    asymmetric = HarnessConfig.of(**SMALL, threshold_offset_rank=1, threshold_offset=8)
     assert explore(asymmetric, 20).vectors == 21 * 21
 
 
 def test_the_merged_guard_fails_first_at_a_rank_holding_exactly_half_the_graph():
-    result = explore(HarnessConfig(**SMALL, guard="merged"), 64)
+    result = explore(HarnessConfig.of(**SMALL, guard="merged"), 64)
     (found,) = result.counterexamples
     assert found.checker == "no_empty_region"
-    plans = plan_without_world(HarnessConfig(**SMALL, guard="merged"),
+    plans = plan_without_world(HarnessConfig.of(**SMALL, guard="merged"),
                                [RankBatch.uniform(n, 1) for n in found.tokens])
     assert min(found.tokens) == plans[0].desc.num_tokens // 2
 
 
 def test_the_literal_two_fails_with_three_microbatches_and_the_fixed_guard_does_not():
-    config = HarnessConfig(**{**SMALL, "capture_sizes": (24, 48)}, enable_dbo=False,
-                           ubatch_size=3, guard="strict-k2")
+    config = HarnessConfig.of(**{**SMALL, "capture_sizes": (24, 48)}, enable_dbo=False,
+                              ubatch_size=3, guard="strict-k2")
     (found,) = explore(config, 48).counterexamples
     assert found.checker == "no_empty_region" and "region(s) [2]" in found.detail
     assert explore(config.with_changes(guard="fixed"), 48).ok
 
 
 def test_asymmetric_candidates_show_up_as_ranks_that_disagree():
-    config = HarnessConfig(**SMALL, threshold_offset_rank=1, threshold_offset=16)
+    config = HarnessConfig.of(**SMALL, threshold_offset_rank=1, threshold_offset=16)
     checkers = {c.checker for c in explore(config, 48).counterexamples}
     assert "agreement" in checkers
 

@@ -7,6 +7,7 @@ from hypothesis import HealthCheck, Phase, find, given, settings, target
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
+from harness.batch import RankBatch
 from harness.config import CudaGraphMode, HarnessConfig
 from harness.fuzz.engine import scenario_strategy
 from harness.fuzz.variants import VARIANTS
@@ -19,13 +20,13 @@ from harness.gen.strategies import (
     straddling_token_counts,
     uneven_reqs,
 )
-from harness.scenario import RankStep, Scenario
+from harness.scenario import Scenario
 from harness.sut.graph_table import GraphTable
 from harness.sut.step_plan import plan_without_world
 from harness.sut.thresholds import last_region_start
 
-CONFIG = HarnessConfig(dp_size=4, capture_sizes=(16, 32), max_num_reqs=64,
-                       max_num_batched_tokens=64, decode_threshold=4, prefill_threshold=16)
+CONFIG = HarnessConfig.of(dp_size=4, capture_sizes=(16, 32), max_num_reqs=64,
+                          max_num_batched_tokens=64, decode_threshold=4, prefill_threshold=16)
 
 
 def test_boundaries_hold_thresholds_sizes_region_starts_their_neighbours_and_one_past_the_top():
@@ -48,8 +49,8 @@ def test_a_straddle_puts_one_rank_on_a_region_start_and_pads_the_rest_to_one_gra
 @given(st.data())
 def test_every_skew_shape_gives_one_legal_count_per_rank(data):
     counts = data.draw(skewed_token_counts(CONFIG))
-    assert len(counts) == CONFIG.dp_size
-    assert all(0 <= n <= CONFIG.max_num_batched_tokens for n in counts)
+    assert len(counts) == CONFIG.serving.dp_size
+    assert all(0 <= n <= CONFIG.serving.max_num_batched_tokens for n in counts)
 
 
 @pytest.mark.parametrize("shape, holds", [
@@ -65,30 +66,31 @@ def test_each_skew_shape_is_drawn(shape, holds):
 
 @given(fuzz_configs({"guard": "merged", "capture_sizes": [24], "dp_size": 3}))
 def test_pinned_fields_are_kept_and_the_rest_is_drawn_legal(config):
-    assert (config.guard.value, config.cudagraph_capture_sizes or (24,), config.dp_size) == \
-        ("merged", (24,), 3)
-    assert config.decode_threshold >= config.num_ubatches
+    assert (config.mutation.guard.value, config.cudagraph_capture_sizes or (24,),
+            config.serving.dp_size) == ("merged", (24,), 3)
+    assert config.serving.decode_threshold >= config.num_ubatches
 
 
 @given(fuzz_configs({"enable_dbo": False, "ubatch_size": 3}))
 def test_a_pinned_microbatch_count_lifts_drawn_thresholds_to_it(config):
     assert config.num_ubatches == 3
-    assert min(config.decode_threshold, config.prefill_threshold) >= 3
+    assert min(config.serving.decode_threshold, config.serving.prefill_threshold) >= 3
 
 
 @settings(max_examples=50, suppress_health_check=[HealthCheck.too_slow])
 @given(scenario_strategy(VARIANTS["stock-protocol"], {}, (2, 3)))
 def test_a_protocol_variant_carries_its_fault_in_every_scenario(scenario):
     assert [f.kind.value for f in scenario.faults] == ["raise_in_ubatch"]
-    assert scenario.config.protocol.value == "stock"
+    assert scenario.config.mutation.protocol.value == "stock"
 
 
 def test_steering_is_highest_at_the_guard_boundary_and_counts_padding():
-    config = HarnessConfig(dp_size=2, capture_sizes=(16,), max_num_reqs=64,
-                           max_num_batched_tokens=64, decode_threshold=2, prefill_threshold=16)
+    config = HarnessConfig.of(dp_size=2, capture_sizes=(16,), max_num_reqs=64,
+                              max_num_batched_tokens=64, decode_threshold=2, prefill_threshold=16)
 
     def scenario(a: int, b: int) -> Scenario:
-        return Scenario(config, ((RankStep((1,) * a), RankStep((1,) * b)),))
+        return Scenario(config, ((RankBatch.from_query_lens((1,) * a),
+                                  RankBatch.from_query_lens((1,) * b)),))
 
     at_boundary, away = steering(scenario(8, 16)), steering(scenario(12, 16))
     assert at_boundary["guard boundary closeness"] > away["guard boundary closeness"]
@@ -122,7 +124,7 @@ def test_decode_beside_mixed_puts_uniform_decodes_next_to_mixed_batches_within_o
     # Where the synced uniform-decode count and the all-ranks uniform-decode test decide.
     kinds = [b.uniform_token_count == 1 for b in batches]
     assert any(kinds) and not all(kinds)
-    assert all(CONFIG.decode_threshold <= b.num_tokens <= 32 for b in batches)
+    assert all(CONFIG.serving.decode_threshold <= b.num_tokens <= 32 for b in batches)
     assert all(b.num_reqs < b.num_tokens for b, decode in zip(batches, kinds, strict=True)
                if not decode)
 
@@ -136,7 +138,7 @@ def test_one_step_in_eight_or_more_puts_decodes_beside_mixed_batches_within_one_
     @given(scenario_strategy(VARIANTS["reference"], {}, (3,)))
     def count(scenario):
         nonlocal counted, steps
-        if scenario.config.decode_query_len > 1:
+        if scenario.config.serving.decode_query_len > 1:
             return  # draft-token steps have layouts of their own (docs/spec.md §1.6)
         for i in range(len(scenario.steps)):
             steps += 1
@@ -151,7 +153,8 @@ def _decodes_beside_mixed_within_one_graph(config, batches) -> bool:
     decode = [b.uniform_token_count == 1 for b in batches]
     tokens = [b.num_tokens for b in batches]
     return (any(decode) and not all(decode) and bool(config.cudagraph_capture_sizes)
-            and min(tokens) >= config.decode_threshold and max(tokens) <= config.max_capture_size)
+            and min(tokens) >= config.serving.decode_threshold
+            and max(tokens) <= config.max_capture_size)
 
 
 def test_the_first_reference_scenario_tried_carries_no_fault_yet_some_drawn_ones_do():
@@ -187,7 +190,7 @@ def test_one_config_in_twelve_or_more_has_a_capture_size_its_request_limit_does_
         nonlocal uneven, configs
         cfg = scenario.config
         configs += 1
-        uneven += any(g > cfg.max_num_reqs and g % cfg.max_num_reqs
+        uneven += any(g > cfg.serving.max_num_reqs and g % cfg.serving.max_num_reqs
                       for g in cfg.cudagraph_capture_sizes)
 
     count()

@@ -11,6 +11,7 @@ from fuzz_crosscheck import cross_check
 from hypothesis import HealthCheck, given, reproduce_failure, settings
 from hypothesis import strategies as st
 
+from harness.batch import RankBatch
 from harness.check.judge import judge
 from harness.cli import EXIT_BAD_INPUT, EXIT_FOUND, main
 from harness.config import HarnessConfig
@@ -19,16 +20,16 @@ from harness.fuzz.engine import FUZZ_TIMEOUTS, Budget, first_failure, fuzz, scen
 from harness.fuzz.reduce import reduce_scenario, simpler_scenarios
 from harness.fuzz.run_log import ExampleEntry, FindingEntry, read_log
 from harness.fuzz.variants import variant_named
-from harness.scenario import RankStep, Scenario
+from harness.scenario import Scenario
 from harness.world.sim.world import SimWorld
 
-CONFIG = HarnessConfig(dp_size=4, capture_sizes=(8,), max_num_reqs=16,
-                       max_num_batched_tokens=16, decode_threshold=2, prefill_threshold=4)
+CONFIG = HarnessConfig.of(dp_size=4, capture_sizes=(8,), max_num_reqs=16,
+                          max_num_batched_tokens=16, decode_threshold=2, prefill_threshold=4)
 
 
 def four_rank_scenario() -> Scenario:
-    step = tuple(RankStep((1,) * n) for n in (2, 8, 5, 8))
-    other = tuple(RankStep((1,) * n) for n in (1, 1, 1, 1))
+    step = tuple(RankBatch.from_query_lens((1,) * n) for n in (2, 8, 5, 8))
+    other = tuple(RankBatch.from_query_lens((1,) * n) for n in (1, 1, 1, 1))
     return Scenario(CONFIG, (other, step), (Fault(FaultKind.RAISE_IN_UBATCH, 3, 1),))
 
 
@@ -38,7 +39,7 @@ def test_the_last_shrink_pass_drops_steps_and_ranks_while_the_failure_holds():
         return any({2, 8} <= {len(r.query_lens) for r in ranks} for ranks in s.steps)
 
     reduced = reduce_scenario(four_rank_scenario(), fails, dp_sizes=(2, 3, 4))
-    assert reduced.config.dp_size == 2 and len(reduced.steps) == 1
+    assert reduced.config.serving.dp_size == 2 and len(reduced.steps) == 1
     assert sorted(len(r.query_lens) for r in reduced.steps[0]) == [2, 8]
 
 
@@ -46,19 +47,19 @@ def test_the_last_shrink_pass_keeps_the_width_of_a_world_that_has_only_one():
     tried = []
 
     def fails(s: Scenario) -> bool:
-        tried.append(s.config.dp_size)
+        tried.append(s.config.serving.dp_size)
         return True
 
     reduced = reduce_scenario(four_rank_scenario(), fails, dp_sizes=(4,))
-    assert reduced.config.dp_size == 4 and len(reduced.steps) == 1
+    assert reduced.config.serving.dp_size == 4 and len(reduced.steps) == 1
     assert set(tried) == {4}
     # Three ranks are drawn, two are not: one rank fewer, and no more.
-    assert reduce_scenario(four_rank_scenario(), fails, dp_sizes=(3, 4)).config.dp_size == 3
+    assert reduce_scenario(four_rank_scenario(), fails, dp_sizes=(3, 4)).config.serving.dp_size == 3
 
 
 def test_dropping_a_rank_renumbers_the_faults_of_the_ranks_after_it():
     smaller = four_rank_scenario().without_rank(1)
-    assert smaller.config.dp_size == 3
+    assert smaller.config.serving.dp_size == 3
     assert [len(r.query_lens) for r in smaller.steps[1]] == [2, 5, 8]
     assert smaller.faults == (Fault(FaultKind.RAISE_IN_UBATCH, 2, 1),)
     assert four_rank_scenario().without_rank(3).faults == ()
@@ -67,7 +68,7 @@ def test_dropping_a_rank_renumbers_the_faults_of_the_ranks_after_it():
 def test_a_single_step_keeps_only_its_faults_and_two_ranks_are_the_floor():
     alone = four_rank_scenario().only_step(1)
     assert len(alone.steps) == 1 and alone.faults == (Fault(FaultKind.RAISE_IN_UBATCH, 3, 0),)
-    two = Scenario(CONFIG.with_changes(dp_size=2), ((RankStep((1,)), RankStep((1,))),))
+    two = Scenario(CONFIG.with_changes(dp_size=2), ((RankBatch.from_query_lens((1,)),) * 2,))
     assert list(simpler_scenarios(two, dp_sizes=(1, 2, 3))) == []
 
 
@@ -76,9 +77,9 @@ def test_a_single_step_keeps_only_its_faults_and_two_ranks_are_the_floor():
     ({"threshold_offset_rank": 1, "threshold_offset": 8}, "agreement"),
 ])
 def test_no_failure_class_the_enumeration_finds_is_missed_by_the_fuzzer(changes, enumerated):
-    config = HarnessConfig(dp_size=2, capture_sizes=(8, 16), max_num_reqs=16,
-                           max_num_batched_tokens=16, decode_threshold=2, prefill_threshold=4,
-                           **changes)
+    config = HarnessConfig.of(dp_size=2, capture_sizes=(8, 16), max_num_reqs=16,
+                              max_num_batched_tokens=16, decode_threshold=2, prefill_threshold=4,
+                              **changes)
     with SimWorld(2, FUZZ_TIMEOUTS) as world:
         check = cross_check(config, world.run, world="sim", max_tokens=16,
                             budget=Budget(examples=200, seconds=None), seed=0)

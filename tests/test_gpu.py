@@ -2,7 +2,7 @@
 
 The GPU machine has one GPU, so these tests run DP rank 0 of a world of one: a process group
 whose CPU backend (gloo) carries the DP sync and whose CUDA backend is a real NCCL group of
-size one (`harness.gpu.world`). Graphs are captured and replayed with torch.cuda.graph, the
+size one (`harness.world.gpu`). Graphs are captured and replayed with torch.cuda.graph, the
 microbatch threads launch onto the capture stream, and the all-to-alls are NCCL collectives
 inside the graph. Every result is compared with the CPU reference.
 """
@@ -13,15 +13,16 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from harness.check.judge import judge
 from harness.check.registry import check_startup
-from harness.gpu.cublas import drain_cublas_handles_at_capture
-from harness.gpu.steps import decode, eager_rerun, one_rank_scenario, run_checked
-from harness.gpu.world import open_single_rank_gpu_world, single_rank_config
 from harness.runtime.comm import EagerAllToAll
+from harness.runtime.cublas import drain_cublas_handles_at_capture
 from harness.runtime.graph_lifecycle import GraphState
 from harness.runtime.graphs import make_graph_backend
 from harness.runtime.streams import make_streams
 from harness.sut.rank_runtime import RankRuntime
+from harness.world.gpu.steps import decode, eager_rerun, one_rank_scenario, run_checked
+from harness.world.gpu.world import open_single_rank_gpu_world, single_rank_config
 
 pytestmark = [
     pytest.mark.gpu,
@@ -67,6 +68,13 @@ def test_the_single_rank_gpu_world_runs_a_real_nccl_all_to_all_of_size_one(world
     out = torch.zeros_like(inp)
     EagerAllToAll(world.group, COLLECTIVE_S)(out, inp)()
     assert out.tolist() == inp.tolist()
+
+
+def test_a_scenario_run_on_the_gpu_world_is_a_history_every_checker_holds_on(world):
+    scenario = one_rank_scenario(single_rank_config(**BASE), decode(16), decode(3), (2, 3, 4))
+    result = judge(world.run(scenario))
+    assert world.graphs == "cuda" and result.ok, result.failed_verdicts()
+    assert [s.records[0].executed for s in result.steps] == ["replay"] * 3
 
 
 def test_an_nccl_all_to_all_inside_a_capture_waits_on_the_stream_and_replays(world):

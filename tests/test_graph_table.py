@@ -20,7 +20,7 @@ def ladder_config(mode: CudaGraphMode, **changes) -> HarnessConfig:
     settings = dict(cudagraph_mode=mode, capture_sizes=(8, 16, 32), max_num_reqs=16,
                     decode_threshold=16, prefill_threshold=512, twins="all")
     settings.update(changes)
-    return HarnessConfig(**settings)
+    return HarnessConfig.of(**settings)
 
 
 def fits(desc: D, num_reqs: int = 1, num_tokens: int = 1, uct: int | None = None,
@@ -90,11 +90,12 @@ def test_an_unsplit_graph_does_not_serve_a_microbatched_step():
 
 # -- microbatch twins (2.4) ----------------------------------------------------------------
 
-TWIN_CONFIG = HarnessConfig(twins="all", enable_dbo=True, decode_threshold=8, prefill_threshold=512)
+TWIN_CONFIG = HarnessConfig.of(twins="all", enable_dbo=True, decode_threshold=8,
+                               prefill_threshold=512)
 
 
 def test_no_twin_is_made_when_microbatching_is_off():
-    config = HarnessConfig(twins="all", enable_dbo=False, decode_threshold=8)
+    config = HarnessConfig.of(twins="all", enable_dbo=False, decode_threshold=8)
     assert ubatch_twin(config, D(F, 16, 16)) is None
 
 
@@ -122,7 +123,7 @@ def test_a_twin_takes_the_uniform_count_its_shape_implies(uct):
 
 
 def test_a_twin_needs_at_least_one_token_per_microbatch():
-    config = HarnessConfig(twins="all", enable_dbo=False, ubatch_size=3, decode_threshold=8)
+    config = HarnessConfig.of(twins="all", enable_dbo=False, ubatch_size=3, decode_threshold=8)
     # A zero threshold (as a rank-offset fault can produce) leaves only the k-token rule.
     assert ubatch_twin(config, D(F, 2, 2), decode_threshold=0) is None
     assert ubatch_twin(config, D(F, 3, 3), decode_threshold=0) == D(
@@ -130,27 +131,29 @@ def test_a_twin_needs_at_least_one_token_per_microbatch():
 
 
 def test_a_twin_needs_the_decode_threshold_inclusively():
-    config = HarnessConfig(twins="all", enable_dbo=True, decode_threshold=32, prefill_threshold=512)
+    config = HarnessConfig.of(twins="all", enable_dbo=True, decode_threshold=32,
+                              prefill_threshold=512)
     assert ubatch_twin(config, D(F, 31, 31)) is None
     assert ubatch_twin(config, D(F, 32, 32)) == D(F, 32, 32, uniform_token_count=1,
                                                   num_ubatches=2)
 
 
 def test_a_twin_is_judged_by_the_decode_threshold_not_the_prefill_one():
-    config = HarnessConfig(twins="all", enable_dbo=True, decode_threshold=32, prefill_threshold=512)
+    config = HarnessConfig.of(twins="all", enable_dbo=True, decode_threshold=32,
+                              prefill_threshold=512)
     # 64 tokens in 32 requests: below the prefill threshold, yet a twin (uniform_decode=True).
     assert ubatch_twin(config, D(F, 64, 32)) == D(F, 64, 32, uniform_token_count=2,
                                                   num_ubatches=2)
 
 
 def test_an_explicit_decode_threshold_overrides_the_config_one():
-    config = HarnessConfig(twins="all", enable_dbo=True, decode_threshold=32)
+    config = HarnessConfig.of(twins="all", enable_dbo=True, decode_threshold=32)
     assert ubatch_twin(config, D(F, 16, 16)) is None
     assert ubatch_twin(config, D(F, 16, 16), decode_threshold=16) is not None
 
 
 def test_a_twin_has_as_many_microbatches_as_the_config():
-    config = HarnessConfig(twins="all", enable_dbo=False, ubatch_size=4, decode_threshold=8)
+    config = HarnessConfig.of(twins="all", enable_dbo=False, ubatch_size=4, decode_threshold=8)
     assert ubatch_twin(config, D(F, 16, 16)) == D(F, 16, 16, uniform_token_count=1,
                                                   num_ubatches=4)
 
@@ -298,9 +301,9 @@ def test_dispatch_of_an_empty_step_runs_eager():
 
 def test_microbatched_graphs_are_only_offered_to_uniform_batches():
     # docs/spec.md §9.2 case 2.
-    config = HarnessConfig(twins="all", cudagraph_mode=F, capture_sizes=(64, 128), max_num_reqs=256,
-                           max_num_batched_tokens=256, decode_threshold=32,
-                           prefill_threshold=128)
+    config = HarnessConfig.of(twins="all", cudagraph_mode=F, capture_sizes=(64, 128),
+                              max_num_reqs=256, max_num_batched_tokens=256, decode_threshold=32,
+                              prefill_threshold=128)
     table = GraphTable.build(config)
     assert table.dispatch(64, 64, 1, num_ubatches=2) == D(F, 64, 64, uniform_token_count=1,
                                                           num_ubatches=2)
@@ -316,7 +319,7 @@ TWIN8 = D(F, 8, 4, uniform_token_count=2, num_ubatches=2)
 
 
 def test_a_twin_that_needs_two_tokens_per_request_is_never_replayable():
-    table = GraphTable.build(HarnessConfig(**SMALL))
+    table = GraphTable.build(HarnessConfig.of(**SMALL))
     assert table.twins == (TWIN4, TWIN8)
     assert table.unreachable_twins() == (TWIN8,)
     assert table.reaching_batch_size(TWIN4) == 4
@@ -324,7 +327,7 @@ def test_a_twin_that_needs_two_tokens_per_request_is_never_replayable():
 
 
 def test_capturing_only_reachable_twins_drops_the_never_replayable_one():
-    table = GraphTable.build(HarnessConfig(**{**SMALL, "twins": "reachable"}))
+    table = GraphTable.build(HarnessConfig.of(**{**SMALL, "twins": "reachable"}))
     assert TWIN8 not in table.descriptors
     assert table.descriptors == (D(F, 4, 4), TWIN4, D(F, 8, 4))
 
@@ -332,8 +335,8 @@ def test_capturing_only_reachable_twins_drops_the_never_replayable_one():
 def test_the_default_ladder_captures_a_never_replayable_twin_at_its_largest_size():
     # 128 requests: largest default size 256 = 2 * 128, so its twin has 2 tokens per request;
     # sizes 136..248 are not multiples of 128 and get no twin.
-    table = GraphTable.build(HarnessConfig(twins="all", max_num_reqs=128,
-                                           max_num_batched_tokens=256))
+    table = GraphTable.build(HarnessConfig.of(twins="all", max_num_reqs=128,
+                                              max_num_batched_tokens=256))
     assert table.unreachable_twins() == (D(F, 256, 128, uniform_token_count=2, num_ubatches=2),)
     assert len(table.twins) == 14  # 13 uct-1 twins at 32, 40, ..., 128 plus the 256 one
 
@@ -348,8 +351,9 @@ def test_every_rank_builds_the_same_table_from_the_same_config():
 
 
 def test_a_rank_threshold_offset_makes_that_rank_generate_different_twins():
-    config = HarnessConfig(twins="all", cudagraph_mode=F, capture_sizes=(32, 64), max_num_reqs=64,
-                           decode_threshold=32, threshold_offset_rank=1, threshold_offset=32)
+    config = HarnessConfig.of(twins="all", cudagraph_mode=F, capture_sizes=(32, 64),
+                              max_num_reqs=64, decode_threshold=32, threshold_offset_rank=1,
+                              threshold_offset=32)
     twin32 = D(F, 32, 32, uniform_token_count=1, num_ubatches=2)
     twin64 = D(F, 64, 64, uniform_token_count=1, num_ubatches=2)
     assert GraphTable.build(config, 0).twins == (twin32, twin64)

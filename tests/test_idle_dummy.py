@@ -30,7 +30,7 @@ SMALL = {"capture_sizes": [16, 32], "max_num_reqs": 32, "max_num_batched_tokens"
 
 
 def config(ranks: int, **changes) -> HarnessConfig:
-    return HarnessConfig(**{"dp_size": ranks, **SMALL, **changes})
+    return HarnessConfig.of(**{"dp_size": ranks, **SMALL, **changes})
 
 
 def records_of(plans) -> list[StepRecord]:
@@ -112,7 +112,7 @@ def test_a_busy_rank_that_ran_fewer_tokens_than_it_padded_to_is_named_without_id
 
 
 def run(scenario):
-    with SimWorld(scenario.config.dp_size, FAST) as world:
+    with SimWorld(scenario.config.serving.dp_size, FAST) as world:
         return judge(world.run(scenario))
 
 

@@ -13,7 +13,7 @@ HARNESS = Path(__file__).resolve().parents[1] / "harness"
 LAYERS = (
     "errors", "data_file", "termination",  # one-line errors, TOML/JSON input, SIGTERM
     "vllm_code",  # vLLM's source as data: diffs, patch descriptors, which vLLM a tree is
-    "bug_switches", "config_values", "config",  # plain data and rules
+    "bug_switches", "config_values", "config_parts", "config",  # plain data and rules
     "timeouts", "batch", "faults", "invariants",  # invariants: the checkers by name
     "runtime",  # collectives, streams, graphs, the microbatch thread ring
     "model",  # the miniature MoE and its single-process reference
@@ -24,8 +24,7 @@ LAYERS = (
     "vllm_sut",  # vLLM's decision code in the rank's slots
     "vllm_exec",  # vLLM's execution code running the rank's steps
     "gen",  # Hypothesis strategies: they know nothing of worlds
-    "world",  # where ranks live; hands back history
-    "gpu",  # the single-rank GPU world
+    "world",  # where ranks live (the single-rank GPU world too); hands back history
     "check",  # the judge: checkers over history, nothing of processes
     "cli_config", "cli_vllm", "fuzz", "report", "bench",
     "cli_result", "cli_check",  # the verdicts as `run` prints them; a saved run judged again

@@ -48,7 +48,7 @@ def test_a_failing_batched_scenario_is_rerun_alone_and_reported_with_full_rows(w
     assert failed.evidence != PASSED_ALONE
     for rank, record in enumerate(failed.steps[0].records):
         assert len(record.outputs) == (16, 32)[rank]  # every real row, from the run alone
-        assert len(record.state) == PLANTED.config.max_num_reqs + 1
+        assert len(record.state) == PLANTED.config.serving.max_num_reqs + 1
 
 
 def test_a_batched_failure_that_passes_alone_is_kept_and_says_so(world):

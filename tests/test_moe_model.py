@@ -35,8 +35,8 @@ LENS_3 = ([2], [4, 1, 1, 3, 6], [1, 1, 1, 1, 1])
 
 
 def config_for(dp_size: int, seed: int = 0) -> HarnessConfig:
-    return HarnessConfig(dp_size=dp_size, hidden_size=HIDDEN, experts_per_rank=2, top_k=2,
-                         seed=seed)
+    return HarnessConfig.of(dp_size=dp_size, hidden_size=HIDDEN, experts_per_rank=2, top_k=2,
+                            seed=seed)
 
 
 def make_batches(lens_per_rank: Sequence[Sequence[int]], seed: int = 1
@@ -109,7 +109,7 @@ def run_world(config: HarnessConfig, batches, states, num_tokens: int = 20, num_
                          for route in model.received_routes(i, sl.num_tokens))
         return RankResult(step.output.clone(), cache.state.clone(), routes)
 
-    with ThreadWorld(config.dp_size, timeout_s=TIMEOUT_S) as world:
+    with ThreadWorld(config.serving.dp_size, timeout_s=TIMEOUT_S) as world:
         return world.run(rank_body, deadline_s=TIMEOUT_S + 5.0)
 
 
@@ -165,7 +165,7 @@ def test_every_received_row_is_a_route_the_reference_sends_there_exactly_once(nu
     ref = reference_step(config, MoEWeights.build(config), batches, states)
     for rank, result in enumerate(results):
         assert result.routes == ref.routes[rank], f"rank {rank} received other rows"
-    assert sum(ref.routes[0].values()) + sum(ref.routes[1].values()) == 20 * config.top_k
+    assert sum(ref.routes[0].values()) + sum(ref.routes[1].values()) == 20 * config.model.top_k
 
 
 @pytest.mark.parametrize("num_ubatches", [2, 3])

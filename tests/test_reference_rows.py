@@ -16,7 +16,7 @@ def whole_batch(scenario):
     """The reference computed as before: every rank of a step in one model call."""
     config = scenario.config
     weights = MoEWeights.build(config)
-    states = [initial_state(config, r) for r in range(config.dp_size)]
+    states = [initial_state(config, r) for r in range(config.serving.dp_size)]
     out = []
     for requests in scenario.requests():
         ref = reference_step(config, weights, requests, states)

@@ -134,13 +134,29 @@ def test_the_verdict_json_holds_every_verdict_of_every_example(mixed_log, tmp_pa
     startup = document["verdicts"][0]
     assert startup["step"] is None and startup["checker"] == "startup"
     assert set(startup) == {"variant", "world", "run", "scenario_name", "tokens", "step",
-                            "checker", "ok", "outcome", "detail"}
+                            "phase", "checker", "ok", "outcome", "detail"}
+    assert startup["phase"] == "start-up" and document["verdicts"][1]["phase"] == "step"
     assert {v["outcome"] for v in failed} == {"failed"} and startup["outcome"] == "held"
     outcomes = {f["variant"]: (f["outcome"], f["passes"], f["tokens"])
                 for f in document["findings"]}
     assert outcomes == {"reference": ("FOUND-ON-REFERENCE", False, [[32, 57]]),
                         "guard-merged": ("pass", True, [[32, 64]]),
                         "guard-strict-k2": ("MISSED", False, None)}
+
+
+def test_a_scenario_verdict_is_a_row_of_its_phase_in_json_and_a_failing_case_in_junit(
+        tmp_path):
+    cut = example("reference", [16, 40])
+    whole = VerdictEntry(None, "steps_complete", False, "only 1 of 2 steps ran", phase="scenario")
+    cut = replace(cut, ok=False, verdicts=(*cut.verdicts, whole))
+    files = build_report([write_log(tmp_path / "log.jsonl", cut, finding("reference", False))],
+                         tmp_path / "out", maps=False)
+    [row] = [v for v in json.loads(files.verdicts.read_text())["verdicts"]
+             if v["checker"] == "steps_complete"]
+    assert (row["phase"], row["step"], row["outcome"]) == ("scenario", None, "failed")
+    root = ET.parse(files.junit).getroot()
+    case = root.find("testsuite/testcase[@name='examples[reference].steps_complete']")
+    assert "only 1 of 2 steps ran" in case.find("failure").text
 
 
 def test_a_checker_that_judged_no_example_is_not_applicable_in_json_and_skipped_in_junit(
@@ -183,7 +199,7 @@ def test_the_markdown_names_missed_variants_and_how_to_replay_the_findings(mixed
 def test_a_decision_map_png_is_written_per_config_and_linked_from_the_markdown(mixed_log,
                                                                                tmp_path):
     files = build_report([mixed_log], tmp_path / "out")
-    configs = {config_key(HarnessConfig(**CONFIG, guard=g))
+    configs = {config_key(HarnessConfig.of(**CONFIG, guard=g))
                for g in ("fixed", "merged", "strict-k2")}
     assert {p.name for p in files.maps} == {f"decision-map-{k}.png" for k in configs}
     for path in files.maps:
@@ -193,7 +209,7 @@ def test_a_decision_map_png_is_written_per_config_and_linked_from_the_markdown(m
 
 
 def test_a_map_marks_failing_examples_and_findings_of_its_own_config_only(mixed_log):
-    maps = {m.config.guard.value: m for m in decision_maps(load_logs([mixed_log]))}
+    maps = {m.config.mutation.guard.value: m for m in decision_maps(load_logs([mixed_log]))}
     assert maps["merged"].failing == ((32, 57),)
     assert maps["merged"].findings == ((32, 64, "no_empty_region"),)
     assert maps["merged"].variants == ("guard-merged",)
@@ -202,7 +218,7 @@ def test_a_map_marks_failing_examples_and_findings_of_its_own_config_only(mixed_
 
 @pytest.mark.parametrize("guard", ["fixed", "merged"])
 def test_the_map_draws_the_decision_layers_own_plans(guard):
-    config = HarnessConfig(**CONFIG, guard=guard)
+    config = HarnessConfig.of(**CONFIG, guard=guard)
     grid = decision_grid(config, 64)
     for low, high in ((0, 0), (0, 64), (7, 64), (8, 16), (31, 64), (32, 64), (33, 64),
                       (20, 20), (64, 64)):
@@ -213,8 +229,8 @@ def test_the_map_draws_the_decision_layers_own_plans(guard):
 
 def test_half_the_graph_is_full_microbatched_only_under_the_merged_guard():
     # k = 2, G = 64: the last region starts at 32, so a rank holding 32 tokens fills only one.
-    fixed = decision_grid(HarnessConfig(**CONFIG), 64)
-    merged = decision_grid(HarnessConfig(**CONFIG, guard="merged"), 64)
+    fixed = decision_grid(HarnessConfig.of(**CONFIG), 64)
+    merged = decision_grid(HarnessConfig.of(**CONFIG, guard="merged"), 64)
     assert fixed[64][32] == "eager-microbatched" and merged[64][32] == "full-microbatched"
     assert fixed[64][33] == merged[64][33] == "full-microbatched"
     assert fixed[64][4] == "full"  # below the decode threshold: not microbatched at all
@@ -222,11 +238,11 @@ def test_half_the_graph_is_full_microbatched_only_under_the_merged_guard():
 
 
 def test_the_guard_boundary_sits_at_the_last_region_start_of_each_microbatched_graph():
-    bounds = guard_boundaries(HarnessConfig(**CONFIG), 64)
+    bounds = guard_boundaries(HarnessConfig.of(**CONFIG), 64)
     assert [(b.graph_tokens, b.min_tokens, b.max_low, b.max_high) for b in bounds] == [
         (16, 8, 1, 16), (32, 16, 17, 32), (64, 32, 33, 64)]
-    three = HarnessConfig(**{**CONFIG, "capture_sizes": [24, 48]}, enable_dbo=False,
-                          ubatch_size=3)
+    three = HarnessConfig.of(**{**CONFIG, "capture_sizes": [24, 48]}, enable_dbo=False,
+                             ubatch_size=3)
     assert [(b.graph_tokens, b.min_tokens) for b in guard_boundaries(three, 64)] == [
         (24, 16), (48, 32)]
 

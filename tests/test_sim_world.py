@@ -25,7 +25,7 @@ SMALL = {"capture_sizes": [16, 32], "max_num_reqs": 32, "max_num_batched_tokens"
 
 def run_scenario(scenario, timeouts):
     """`scenario` judged on a fresh sim world of its own."""
-    with SimWorld(scenario.config.dp_size, timeouts) as world:
+    with SimWorld(scenario.config.serving.dp_size, timeouts) as world:
         return judge(world.run(scenario))
 
 

@@ -50,9 +50,9 @@ def wide_configs(draw) -> HarnessConfig:
                        cudagraph_mode=draw(st.sampled_from(list(CudaGraphMode))),
                        decode_threshold=draw(st.integers(0, 8)),
                        capture_sizes=draw(st.one_of(st.none(),
-                                                    st.just(config.capture_sizes))))
+                                                    st.just(config.serving.capture_sizes))))
     elif draw(st.booleans()):
-        changes.update(threshold_offset_rank=draw(st.integers(0, config.dp_size - 1)),
+        changes.update(threshold_offset_rank=draw(st.integers(0, config.serving.dp_size - 1)),
                        threshold_offset=draw(st.integers(0, 16)))
     if draw(st.integers(0, 5)) == 0:
         changes["capture_sizes"] = None  # the default ladder of §0.3
@@ -68,7 +68,7 @@ def decision_steps(draw):
     if draw(st.booleans()):
         batches = draw(skewed_batches(config))
     else:
-        batches = [draw(rank_batch(config)) for _ in range(config.dp_size)]
+        batches = [draw(rank_batch(config)) for _ in range(config.serving.dp_size)]
     return config, batches
 
 
@@ -76,15 +76,15 @@ def decision_steps(draw):
           suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
 @given(decision_steps())
 # docs/spec.md §7.9: rank 1 lacks the 16 twin, so it splits eagerly where rank 0 replays.
-@example((HarnessConfig(**SMALL, threshold_offset_rank=1, threshold_offset=16),
+@example((HarnessConfig.of(**SMALL, threshold_offset_rank=1, threshold_offset=16),
           [RankBatch.uniform(10, 1), RankBatch.uniform(12, 1)]))
 # §3.3: k = 3, G = 96, min 50 replays under both literal-2 guards, eager under `fixed`.
-@example((HarnessConfig(ubatch_size=3, enable_dbo=False, capture_sizes=(96,),
-                        max_num_reqs=96, max_num_batched_tokens=96, decode_threshold=8,
-                        guard=Guard.STRICT_K2),
+@example((HarnessConfig.of(ubatch_size=3, enable_dbo=False, capture_sizes=(96,),
+                           max_num_reqs=96, max_num_batched_tokens=96, decode_threshold=8,
+                           guard=Guard.STRICT_K2),
           [RankBatch.uniform(50, 1), RankBatch.uniform(96, 1)]))
 # §7.1: 2 * min = G replays under `merged` alone.
-@example((HarnessConfig(**SMALL, guard=Guard.MERGED),
+@example((HarnessConfig.of(**SMALL, guard=Guard.MERGED),
           [RankBatch.uniform(16, 1), RankBatch.uniform(32, 1)]))
 def test_the_oracle_plans_what_the_harness_plans_on_every_rank_and_field(step):
     config, batches = step
@@ -104,7 +104,7 @@ def slipped_decide(old: str, new: str):
 
 def judged(config: dict, ranks: list):
     scenario = scenario_from_dict({"config": config, "steps": [{"ranks": ranks}]})
-    with SimWorld(scenario.config.dp_size, FAST) as world:
+    with SimWorld(scenario.config.serving.dp_size, FAST) as world:
         return judge(world.run(scenario))
 
 

@@ -22,8 +22,8 @@ class SanitizerErrors(Exception):
 
 def test_a_sanitizer_race_names_both_streams_operators_and_our_innermost_frames():
     race = SimpleNamespace(
-        current_access=access(0, "aten::copy_", "writing to",
-                              ("/x/harness/vllm_exec/runtime.py", 144, "reset_state"),
+        current_access=access(0, "aten::copy_(Tensor(a!) self, Tensor src) -> Tensor(a!)",
+                              "writing to", ("/x/harness/vllm_exec/runtime.py", 144, "reset_state"),
                               ("/x/torch/_tensor.py", 9, "copy_")),
         previous_access=access(7, "aten::index_add_", "writing to",
                                ("/x/harness/vllm_exec/mini_moe.py", 80, "attention")))

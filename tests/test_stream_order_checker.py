@@ -124,7 +124,7 @@ def test_the_missing_compute_wait_switch_needs_vllms_execution():
     from harness.errors import ConfigError
 
     with pytest.raises(ConfigError, match="^switch_to_compute: switches vLLM's execution code"):
-        HarnessConfig(switch_to_compute="no-wait")
-    planted = HarnessConfig(execution="vllm", switch_to_compute="no-wait")
+        HarnessConfig.of(switch_to_compute="no-wait")
+    planted = HarnessConfig.of(execution="vllm", switch_to_compute="no-wait")
     assert planted.to_dict()["switch_to_compute"] == "no-wait"
-    assert "switch_to_compute" not in HarnessConfig(execution="vllm").to_dict()
+    assert "switch_to_compute" not in HarnessConfig.of(execution="vllm").to_dict()

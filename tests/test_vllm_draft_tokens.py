@@ -34,18 +34,19 @@ only_0_33 = pytest.mark.skipif(vllm_version() != "0.33.0",
 PATCH = Path(__file__).resolve().parents[1] / "scenarios" / "vllm" / "patches" / \
     "rank-local-query-len-bound.diff"
 
-CONFIGS = [HarnessConfig(enable_dbo=False, decode_query_len=q, varlen_decode=varlen,
-                         cudagraph_mode=mode, capture_sizes=sizes, max_num_reqs=reqs,
-                         max_num_batched_tokens=64)
+CONFIGS = [HarnessConfig.of(enable_dbo=False, decode_query_len=q, varlen_decode=varlen,
+                            cudagraph_mode=mode, capture_sizes=sizes, max_num_reqs=reqs,
+                            max_num_batched_tokens=64)
            for q, varlen, mode, sizes, reqs in itertools.product(
                (2, 3, 4), (False, True), ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "FULL"),
                ((4, 12), (8, 16, 48)), (3, 8, 64))]
 
 
 def name(config: HarnessConfig) -> str:
-    return (f"q{config.decode_query_len}-{'varlen' if config.varlen_decode else 'uniform'}-"
-            f"{config.cudagraph_mode.name}-{'.'.join(map(str, config.capture_sizes))}-"
-            f"r{config.max_num_reqs}")
+    s = config.serving
+    return (f"q{s.decode_query_len}-{'varlen' if s.varlen_decode else 'uniform'}-"
+            f"{s.cudagraph_mode.name}-{'.'.join(map(str, s.capture_sizes))}-"
+            f"r{s.max_num_reqs}")
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=name)
@@ -63,13 +64,13 @@ def layouts(q: int, tokens: int, limit: int):
     yield (tokens,)  # a prefill when tokens > q
 
 
-@pytest.mark.parametrize("config", [c for c in CONFIGS if c.max_num_reqs != 64], ids=name)
+@pytest.mark.parametrize("config", [c for c in CONFIGS if c.serving.max_num_reqs != 64], ids=name)
 def test_vllm_dispatches_every_draft_batch_like_the_graph_table(config):
     table = GraphTable.build(config)
-    q = config.decode_query_len
+    q = config.serving.decode_query_len
     mismatches = []
     for tokens in range(1, 50):
-        for lens in layouts(q, tokens, config.max_num_reqs):
+        for lens in layouts(q, tokens, config.serving.max_num_reqs):
             b = RankBatch.from_query_lens(lens, decode_query_len=q)
             args = (b.num_reqs, b.num_tokens, b.uniform_token_count, b.max_query_len)
             ours, theirs = table.dispatch(*args), vllm_dispatch(config, *args)
@@ -85,9 +86,9 @@ def agreed(state):
 
 @pytest.mark.parametrize("skips", [(True, True, True), (True, True, False), (False, True, True)])
 def test_vllm_syncs_the_query_len_bound_and_skip_drafts_as_the_harness_does(skips):
-    config = HarnessConfig(dp_size=3, enable_dbo=False, decode_query_len=3, varlen_decode=True,
-                           cudagraph_mode="FULL_AND_PIECEWISE", capture_sizes=(8, 16),
-                           max_num_reqs=8, max_num_batched_tokens=64)
+    config = HarnessConfig.of(dp_size=3, enable_dbo=False, decode_query_len=3, varlen_decode=True,
+                              cudagraph_mode="FULL_AND_PIECEWISE", capture_sizes=(8, 16),
+                              max_num_reqs=8, max_num_batched_tokens=64)
     for lens in (((1, 3, 2), (2, 1), ()), ((1, 3, 2), (5, 1), (3,)), ((3, 3), (3,), (3, 3))):
         batches = [RankBatch.from_query_lens(ls, decode_query_len=3, allow_skip_drafts=s)
                    for ls, s in zip(lens, skips, strict=True)]
@@ -102,7 +103,7 @@ def test_vllm_syncs_the_query_len_bound_and_skip_drafts_as_the_harness_does(skip
 @only_0_33
 def test_a_rank_local_bound_in_vllms_dp_utils_is_found_by_differential_within_30_s(tmp_path):
     fixed = {"enable_dbo": False, "ubatch_size": 0, "vllm_patches": (read_patch(PATCH),)}
-    vllm_plans_without_world(HarnessConfig(dp_size=2, sut="vllm"), [RankBatch.uniform(1)] * 2)
+    vllm_plans_without_world(HarnessConfig.of(dp_size=2, sut="vllm"), [RankBatch.uniform(1)] * 2)
     start = time.monotonic()  # vLLM's modules are imported: what is timed is the search
     with SimWorld(2, FUZZ_TIMEOUTS) as world:
         outcome = fuzz(SUT_VARIANTS["vllm"], world.run, world="sim", dp_sizes=(2,), fixed=fixed,

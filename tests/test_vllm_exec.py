@@ -145,7 +145,7 @@ def test_the_regression_scenarios_name_the_checker_that_catches_them():
     assert len(paths) == 3
     for path in paths:
         scenario = load_scenario(path)
-        assert scenario.config.execution.value == "vllm"
+        assert scenario.config.system.execution.value == "vllm"
         assert scenario.caught_by in ("liveness", "errors", "stream_order")
 
 
@@ -179,7 +179,7 @@ def test_a_missing_compute_wait_keeps_the_rows_right_on_cpu_and_fails_stream_ord
 
 def test_vllm_execution_refuses_the_harness_execution_switches_in_one_line():
     with pytest.raises(ConfigError, match="^protocol: switches the harness's own execution"):
-        HarnessConfig(execution="vllm", protocol="stock")
+        HarnessConfig.of(execution="vllm", protocol="stock")
 
 
 def test_a_stage_fault_of_vllms_threads_needs_vllms_execution():

@@ -41,7 +41,7 @@ def test_the_fuzzer_finds_the_empty_microbatch_guard_of_vllm_and_shrinks_it(tmp_
     graph = next(g for g in shrunk.config.cudagraph_capture_sizes if g >= max(tokens))
     # Shrunk to the fewest tokens `2 * min < G` lets by, ceil(G / 2) (no fewer than the decode
     # threshold), which still leaves the last region empty (both are G / 2 for k = 2).
-    lowest = max(-(-graph // 2), shrunk.config.decode_threshold)
+    lowest = max(-(-graph // 2), shrunk.config.serving.decode_threshold)
     assert min(tokens) == lowest, shrunk.to_json()
     assert min(tokens) <= last_region_start(graph, k)
 
@@ -71,7 +71,7 @@ VLLM_SCENARIOS = sorted((Path(__file__).resolve().parents[1] / "scenarios" / "vl
 @pytest.mark.parametrize("path", VLLM_SCENARIOS, ids=lambda p: p.stem)
 def test_each_finding_on_vllm_is_caught_and_clean_with_the_harness_deciding(path):
     scenario = load_scenario(path)
-    with SimWorld(scenario.config.dp_size, FUZZ_TIMEOUTS) as world:
+    with SimWorld(scenario.config.serving.dp_size, FUZZ_TIMEOUTS) as world:
         found = judge(world.run(scenario))
         clean = judge(world.run(scenario.with_reference_behaviour()))
     assert scenario.caught_by in [v.checker for _, v in found.failed_verdicts()]

@@ -154,8 +154,8 @@ def test_a_saved_scenario_records_the_patch_by_name_and_hash_and_the_wire_form_w
     wire = scenario.to_dict()["config"]["vllm_patches"][0]
     assert wire["diff"] == text  # what a torchrun rank receives
     again = scenario_from_dict(json.loads(scenario.to_json()))
-    assert again.config.vllm_patches[0].sha256 == content_hash(text)
-    assert not again.config.vllm_patches[0].resolved
+    assert again.config.system.vllm_patches[0].sha256 == content_hash(text)
+    assert not again.config.system.vllm_patches[0].resolved
 
 
 def test_a_config_without_vllm_code_reads_as_before():
@@ -165,7 +165,7 @@ def test_a_config_without_vllm_code_reads_as_before():
 
 def test_differential_against_base_needs_patched_code():
     with pytest.raises(ConfigError, match="differential_against_base: needs patched"):
-        HarnessConfig(sut="vllm", differential_against_base=True)
+        HarnessConfig.of(sut="vllm", differential_against_base=True)
 
 
 @pytest.mark.parametrize("argv, field", [

@@ -76,7 +76,7 @@ def test_the_inclusive_guard_still_leaves_three_microbatches_empty_shrunk_to_the
     tokens, graph = last_step_tokens_and_graph(outcome)
     # Shrunk to the fewest tokens `2 * min <= G` lets by, G // 2 + 1 (no fewer than the decode
     # threshold); with k = 3 that is still at or below the last region's start: it is empty.
-    threshold = outcome.scenario.config.decode_threshold
+    threshold = outcome.scenario.config.serving.decode_threshold
     assert min(tokens) == max(graph // 2 + 1, threshold), outcome.scenario.to_json()
     assert min(tokens) <= last_region_start(graph, 3)
     saved = next(tmp_path.glob("vllm-*.json")).read_text()
@@ -85,9 +85,9 @@ def test_the_inclusive_guard_still_leaves_three_microbatches_empty_shrunk_to_the
 
 def exhaustive(patches: tuple[VllmPatch, ...], dp: int, k: int, tokens: int):
     # The lowest decode threshold: every graph of the ladder has microbatched twins.
-    config = HarnessConfig(dp_size=dp, max_num_reqs=tokens, max_num_batched_tokens=tokens,
-                           decode_threshold=k, sut="vllm", vllm_patches=patches,
-                           **ubatching_fields(k))
+    config = HarnessConfig.of(dp_size=dp, max_num_reqs=tokens, max_num_batched_tokens=tokens,
+                              decode_threshold=k, sut="vllm", vllm_patches=patches,
+                              **ubatching_fields(k))
     return explore(config, tokens)
 
 

@@ -37,20 +37,20 @@ TIMEOUT_S = 2.0
 
 # Configs whose candidates the two systems should generate identically (every twin kept).
 SAME_CANDIDATES = {
-    "full-k2": HarnessConfig(capture_sizes=(32, 64)),
-    "full-k2-ladder": HarnessConfig(capture_sizes=(8, 16, 32, 64, 128), max_num_reqs=64,
-                                    decode_threshold=16, prefill_threshold=64),
-    "full-decode-only": HarnessConfig(cudagraph_mode="FULL_DECODE_ONLY",
-                                      capture_sizes=(16, 32, 64)),
-    "full-and-piecewise": HarnessConfig(cudagraph_mode="FULL_AND_PIECEWISE",
-                                        capture_sizes=(16, 32, 64, 128)),
-    "full-k3": HarnessConfig(enable_dbo=False, ubatch_size=3, capture_sizes=(12, 48, 96),
-                             max_num_reqs=128, max_num_batched_tokens=128),
-    "tiny-uct2-twin": HarnessConfig(capture_sizes=(4, 8), max_num_reqs=4,
-                                    max_num_batched_tokens=8, decode_threshold=2,
-                                    prefill_threshold=2),
-    "no-ubatching": HarnessConfig(enable_dbo=False, capture_sizes=(16, 32)),
-    "no-graphs": HarnessConfig(cudagraph_mode="NONE"),
+    "full-k2": HarnessConfig.of(capture_sizes=(32, 64)),
+    "full-k2-ladder": HarnessConfig.of(capture_sizes=(8, 16, 32, 64, 128), max_num_reqs=64,
+                                       decode_threshold=16, prefill_threshold=64),
+    "full-decode-only": HarnessConfig.of(cudagraph_mode="FULL_DECODE_ONLY",
+                                         capture_sizes=(16, 32, 64)),
+    "full-and-piecewise": HarnessConfig.of(cudagraph_mode="FULL_AND_PIECEWISE",
+                                           capture_sizes=(16, 32, 64, 128)),
+    "full-k3": HarnessConfig.of(enable_dbo=False, ubatch_size=3, capture_sizes=(12, 48, 96),
+                                max_num_reqs=128, max_num_batched_tokens=128),
+    "tiny-uct2-twin": HarnessConfig.of(capture_sizes=(4, 8), max_num_reqs=4,
+                                       max_num_batched_tokens=8, decode_threshold=2,
+                                       prefill_threshold=2),
+    "no-ubatching": HarnessConfig.of(enable_dbo=False, capture_sizes=(16, 32)),
+    "no-graphs": HarnessConfig.of(cudagraph_mode="NONE"),
 }
 
 
@@ -67,7 +67,7 @@ def diff(name_a: str, a: list[str], name_b: str, b: list[str]) -> str:
 
 
 def plans(config: HarnessConfig, batches: list[RankBatch], decide) -> list:
-    with ThreadWorld(config.dp_size, timeout_s=TIMEOUT_S) as world:
+    with ThreadWorld(config.serving.dp_size, timeout_s=TIMEOUT_S) as world:
         return world.run(lambda rank, group: decide(group, config, rank, batches[rank],
                                                     TIMEOUT_S))
 
@@ -89,7 +89,7 @@ def test_vllm_captures_the_graph_tables_descriptors_in_the_same_order(name):
 
 
 def test_vllm_keeps_the_twins_that_the_reachable_graph_table_drops():
-    config = HarnessConfig(capture_sizes=(16, 32, 64, 128), max_num_reqs=64)
+    config = HarnessConfig.of(capture_sizes=(16, 32, 64, 128), max_num_reqs=64)
     reachable_only = set(GraphTable.build(config).descriptors)
     theirs = set(vllm_capture_order(config))
     extra = theirs - reachable_only
@@ -101,7 +101,7 @@ def test_vllm_keeps_the_twins_that_the_reachable_graph_table_drops():
 
 @only_0_33
 def test_vllm_0_33_adds_max_num_seqs_to_the_default_capture_ladder():
-    config = HarnessConfig(max_num_reqs=100, max_num_batched_tokens=512)
+    config = HarnessConfig.of(max_num_reqs=100, max_num_batched_tokens=512)
     ours = list(config.cudagraph_capture_sizes)
     theirs = list(vllm_configs(config).compilation_config.cudagraph_capture_sizes)
     print(diff("harness", [str(s) for s in ours], "vllm", [str(s) for s in theirs]))
@@ -115,13 +115,14 @@ def test_vllm_dispatches_every_batch_the_dp_sync_can_send_like_the_graph_table(n
     table = GraphTable.build(config)
     k = config.num_ubatches
     mismatches = []
-    for tokens in range(1, config.max_num_batched_tokens + 1):
-        batches = [(min(tokens, config.max_num_reqs), None)]  # mixed: one request or more
-        if tokens <= config.max_num_reqs:
+    for tokens in range(1, config.serving.max_num_batched_tokens + 1):
+        batches = [(min(tokens, config.serving.max_num_reqs), None)]  # mixed: one request or more
+        if tokens <= config.serving.max_num_reqs:
             batches.append((tokens, 1))  # uniform decode
         for (reqs, uct) in batches:
             # The sync asks for k microbatches only once the smallest rank meets a threshold.
-            threshold = config.decode_threshold if uct == 1 else config.prefill_threshold
+            s = config.serving
+            threshold = s.decode_threshold if uct == 1 else s.prefill_threshold
             for ubatches in sorted({1, k} if tokens >= threshold else {1}):
                 ours = table.dispatch(reqs, tokens, uct, num_ubatches=ubatches)
                 theirs = vllm_dispatch(config, reqs, tokens, uct, num_ubatches=ubatches)
@@ -153,16 +154,16 @@ def test_vllm_dispatch_never_looks_past_the_smallest_graph_that_fits():
 
 
 def test_vllm_thresholds_are_the_harness_thresholds():
-    config = HarnessConfig(decode_threshold=32, prefill_threshold=128)
+    config = HarnessConfig.of(decode_threshold=32, prefill_threshold=128)
     for tokens in range(0, 200):
         for uniform in (True, False):
             ours = tokens >= (32 if uniform else 128)
             assert vllm_check_ubatch_thresholds(config, tokens, uniform) == ours, tokens
 
 
-SKEW_CONFIG = HarnessConfig(capture_sizes=(16, 32, 64, 128), max_num_reqs=128,
-                            max_num_batched_tokens=256, decode_threshold=32,
-                            prefill_threshold=128)
+SKEW_CONFIG = HarnessConfig.of(capture_sizes=(16, 32, 64, 128), max_num_reqs=128,
+                               max_num_batched_tokens=256, decode_threshold=32,
+                               prefill_threshold=128)
 COUNTS = (0, 1, 15, 16, 17, 31, 32, 33, 40, 63, 64, 65, 100, 127, 128)
 
 
@@ -238,7 +239,7 @@ def test_vllm_0_33_syncs_the_real_request_count_where_the_harness_syncs_the_grap
 
 @only_0_33
 def test_vllm_0_33_replays_a_microbatched_graph_when_the_smallest_rank_fills_exactly_half():
-    config = HarnessConfig(capture_sizes=(32, 64), max_num_reqs=64)
+    config = HarnessConfig.of(capture_sizes=(32, 64), max_num_reqs=64)
     batches = [decode(32), decode(64)]
     theirs = plans(config, batches, vllm_decide_on_rank)
     merged = plans(config.with_changes(guard="merged"), batches, decide_on_rank)
@@ -252,8 +253,8 @@ def test_vllm_0_33_replays_a_microbatched_graph_when_the_smallest_rank_fills_exa
 
 @only_0_33
 def test_vllm_0_33_keeps_the_literal_two_of_the_guard_with_three_microbatches():
-    config = HarnessConfig(enable_dbo=False, ubatch_size=3, capture_sizes=(96,),
-                           max_num_reqs=128, max_num_batched_tokens=128)
+    config = HarnessConfig.of(enable_dbo=False, ubatch_size=3, capture_sizes=(96,),
+                              max_num_reqs=128, max_num_batched_tokens=128)
     assert vllm_configs(config).num_ubatches == 3
     replays_with_an_empty_region = []
     for smallest in range(40, 71):
@@ -274,7 +275,7 @@ def test_vllm_0_33_keeps_the_literal_two_of_the_guard_with_three_microbatches():
 
 def test_vllm_sync_agrees_with_the_merged_guard_on_a_three_rank_world():
     # Three ranks take vLLM's all-reduce through its non-power-of-two exchange.
-    config = HarnessConfig(dp_size=3, capture_sizes=(32, 64, 128), max_num_reqs=128)
+    config = HarnessConfig.of(dp_size=3, capture_sizes=(32, 64, 128), max_num_reqs=128)
     merged = config.with_changes(guard="merged")
     for tokens in ([32, 64, 64], [40, 33, 100], [64, 128, 70], [0, 5, 31], [128, 128, 128]):
         batches = [decode(n) for n in tokens]

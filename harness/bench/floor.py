@@ -23,10 +23,10 @@ def main() -> int:
     iterations = int(sys.argv[1])
     dist.init_process_group("gloo", timeout=timedelta(seconds=30))
     group = dist.group.WORLD
-    config = HarnessConfig(**CONFIG)
+    config = HarnessConfig.of(**CONFIG)
     size = dist.get_world_size()
-    rows = size * (config.max_num_batched_tokens * config.top_k + 1)
-    width = config.hidden_size + NUM_PROVENANCE_COLS
+    rows = size * (config.serving.max_num_batched_tokens * config.model.top_k + 1)
+    width = config.model.hidden_size + NUM_PROVENANCE_COLS
     send = torch.zeros(rows, width, dtype=torch.float64)
     recv = torch.zeros_like(send)
     matrix = torch.zeros(NUM_ROWS, size, dtype=torch.int32)

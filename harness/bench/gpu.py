@@ -32,17 +32,15 @@ from dataclasses import dataclass, field
 
 import torch
 
+from harness.batch import RankBatch
 from harness.bench import gpu_dp
 from harness.bench.timing import timed
-from harness.gpu.world import (
-    open_single_rank_gpu_world,
-    single_rank_config,
-    single_rank_cpu_group,
-)
 from harness.history.decision import GraphDescriptor
 from harness.model.step_buffers import prepare_microbatch
-from harness.scenario import RankStep, Scenario
+from harness.scenario import Scenario
 from harness.sut.rank_runtime import RankRuntime
+from harness.world.gpu.group import single_rank_cpu_group
+from harness.world.gpu.world import open_single_rank_gpu_world, single_rank_config
 
 SIZES = (8, 16, 32, 64, 128, 256, 512)
 GOAL = 3.0  # microbatched FULL replay vs eager microbatched, as the issue states
@@ -147,7 +145,7 @@ def bench_size(runtime: RankRuntime, measured: MeasuredGraphs, n: int, warmup: i
                iters: int) -> SizeRow:
     manager, runner = runtime.manager, runtime.runner
     lens = (1,) * n
-    requests = Scenario(runtime.config, ((RankStep(lens),),)).requests()[0][0]
+    requests = Scenario(runtime.config, ((RankBatch.from_query_lens(lens),),)).requests()[0][0]
     whole, split = descriptors_of(runtime, n)
     eager_buffers = runtime._eager_buffers(n, n, requests)
     g_whole, g_split = manager.captured[whole], manager.captured[split]

@@ -41,9 +41,9 @@ class RankTimes:
 def _rank_main(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
+    from harness.batch import RankBatch
     from harness.bench.timing import timed
     from harness.config import HarnessConfig
-    from harness.scenario import RankStep
     from harness.sut import systems
     from harness.world.torchrun.worker import join_group, wait_for_every_rank
 
@@ -58,9 +58,9 @@ def _rank_main(args: argparse.Namespace) -> int:
         runtime_class()
     ready = time.time()
     sizes = tuple(int(s) for s in args.sizes.split(","))
-    config = HarnessConfig(dp_size=world_size, capture_sizes=sizes, max_num_reqs=max(sizes),
-                           max_num_batched_tokens=max(sizes), decode_threshold=min(sizes),
-                           prefill_threshold=max(sizes), execution=args.execution)
+    config = HarnessConfig.of(dp_size=world_size, capture_sizes=sizes, max_num_reqs=max(sizes),
+                              max_num_batched_tokens=max(sizes), decode_threshold=min(sizes),
+                              prefill_threshold=max(sizes), execution=args.execution)
     runtime = _runtime(config, rank, group, device)
     startup = runtime.startup()
     if startup.error is not None:
@@ -68,7 +68,7 @@ def _rank_main(args: argparse.Namespace) -> int:
     captured = time.time()
     rows = (_vllm_rows if args.execution == "vllm" else _harness_rows)(
         runtime, config, sizes, rank, args)
-    batch = RankStep((1,) * sizes[-1]).batch()
+    batch = RankBatch.from_query_lens((1,) * sizes[-1])
     sync = timed(lambda: systems.decide(group, config, rank, batch, 60.0),
                  runtime.device, args.warmup, args.iters)
     times = RankTimes(rank, str(device), joined - args.launched, captured - ready,
@@ -90,10 +90,12 @@ def _runtime(config, rank: int, group, device: str):
 
 
 def _requests(config, n: int, rank: int):
-    from harness.scenario import RankStep, Scenario
+    from harness.batch import RankBatch
+    from harness.scenario import Scenario
 
     lens = (1,) * n
-    return lens, Scenario(config, ((RankStep(lens),) * config.dp_size,)).requests()[0][rank]
+    ranks = (RankBatch.from_query_lens(lens),) * config.serving.dp_size
+    return lens, Scenario(config, (ranks,)).requests()[0][rank]
 
 
 def _harness_rows(runtime, config, sizes, rank: int, args) -> list[tuple[int, float, float]]:

@@ -25,7 +25,7 @@ from harness.world.sim.threads import ThreadWorld
 def measure(examples: int) -> dict[str, list[tuple[float, float]]]:
     """(process CPU s, wall s) of every step of both ranks, keyed by what it executed."""
     scenarios = decode_examples(examples)
-    nproc = scenarios[0].config.dp_size
+    nproc = scenarios[0].config.serving.dp_size
     timeouts = Timeouts()
     config = scenarios[0].config
     costs: dict[str, list[tuple[float, float]]] = defaultdict(list)

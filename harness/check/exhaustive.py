@@ -43,9 +43,9 @@ class ExhaustiveResult:
 
 def token_vectors(config: HarnessConfig, max_tokens: int) -> Iterator[tuple[int, ...]]:
     counts = range(max_tokens + 1)
-    if config.threshold_offset_rank is None:
-        return itertools.combinations_with_replacement(counts, config.dp_size)
-    return itertools.product(counts, repeat=config.dp_size)
+    if config.mutation.threshold_offset_rank is None:
+        return itertools.combinations_with_replacement(counts, config.serving.dp_size)
+    return itertools.product(counts, repeat=config.serving.dp_size)
 
 
 def structural_failures(plans: list[StepPlan]) -> list[tuple[str, str]]:
@@ -67,16 +67,16 @@ def explore(config: HarnessConfig, max_tokens: int) -> ExhaustiveResult:
     """Every uniform-decode step of up to `max_tokens` tokens per rank; idle ranks included.
     A bound no legal decode batch reaches is a ConfigError, never quietly lowered."""
     # A decode batch of n tokens holds n requests: beyond either cap no scheduler makes one.
-    largest = min(config.max_num_reqs, config.max_num_batched_tokens)
+    largest = min(config.serving.max_num_reqs, config.serving.max_num_batched_tokens)
     if not 0 <= max_tokens <= largest:
         raise ConfigError("max_tokens", f"is {max_tokens}; the enumeration honours 0 to "
                           f"{largest}: a decode batch of n tokens has n requests, so n is at "
-                          f"most max_num_reqs={config.max_num_reqs} and "
-                          f"max_num_batched_tokens={config.max_num_batched_tokens}")
+                          f"most max_num_reqs={config.serving.max_num_reqs} and "
+                          f"max_num_batched_tokens={config.serving.max_num_batched_tokens}")
     limit = max_tokens
-    if config.sut is not DecisionSystem.HARNESS:
+    if config.system.sut is not DecisionSystem.HARNESS:
         return _explore_other_system(config, limit)
-    tables = [graph_table_for(config, rank) for rank in range(config.dp_size)]
+    tables = [graph_table_for(config, rank) for rank in range(config.serving.dp_size)]
     batches = [RankBatch.uniform(n, 1) for n in range(limit + 1)]
     columns = [[local_column(t, b) for b in batches] for t in tables]
     found: dict[str, Counterexample] = {}

@@ -95,7 +95,7 @@ def run_from_dict(data: Any) -> SavedRun:
 
 def _check_shape(run: SavedRun) -> None:
     """Every rank has a slot in every phase, and each step that ran has its reference."""
-    history, ranks = run.history, run.history.scenario.config.dp_size
+    history, ranks = run.history, run.history.scenario.config.serving.dp_size
     planned = len(history.scenario.steps)
     if len(history.startup) != ranks:
         raise ConfigError("startup", f"has {len(history.startup)} records for {ranks} ranks")

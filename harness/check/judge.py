@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from harness.check.reference import ReferenceRows, reference_rows
-from harness.check.registry import check_startup, check_step
+from harness.check.registry import check_scenario, check_startup, check_step
 from harness.check.verdict import Verdict
 from harness.history.records import StartupRecord, StepRecord
 from harness.history.scenario_history import ScenarioHistory
@@ -30,19 +30,23 @@ class ScenarioResult:
     startup_verdicts: tuple[Verdict, ...]
     steps: tuple[StepResult, ...]
     evidence: str = ""  # stacks and last collectives of a hung or crashed world
+    scenario_verdicts: tuple[Verdict, ...] = ()  # once over the whole run (Phase.SCENARIO)
 
     @property
     def ok(self) -> bool:
-        return all(v.ok for v in self.startup_verdicts) and all(s.ok for s in self.steps)
+        return (all(v.ok for v in self.startup_verdicts) and all(s.ok for s in self.steps)
+                and all(v.ok for v in self.scenario_verdicts))
 
     def verdicts(self) -> list[Verdict]:
-        return [*self.startup_verdicts, *(v for step in self.steps for v in step.verdicts)]
+        return [*self.startup_verdicts, *(v for step in self.steps for v in step.verdicts),
+                *self.scenario_verdicts]
 
     def failed_verdicts(self) -> list[tuple[int | None, Verdict]]:
+        """(step, verdict) per failed verdict; step None: a start-up or scenario verdict."""
         out = [(None, v) for v in self.startup_verdicts if not v.ok]
         for i, step in enumerate(self.steps):
             out += [(i, v) for v in step.verdicts if not v.ok]
-        return out
+        return out + [(None, v) for v in self.scenario_verdicts if not v.ok]
 
 
 def judge(history: ScenarioHistory,
@@ -56,5 +60,6 @@ def judge(history: ScenarioHistory,
                                                           deadlines.step_deadline_s,
                                                           history.evidence)))
                     for i, records in enumerate(history.steps))
+    whole = tuple(check_scenario(len(history.scenario.steps), history.startup, history.steps))
     return ScenarioResult(history.scenario, history.startup, startup_verdicts, results,
-                          history.evidence)
+                          history.evidence, whole)

@@ -51,18 +51,18 @@ def reference_rows(scenario: Scenario) -> list[ReferenceRows]:
         ranks = [_rank_reference(config, rank, tuple(step[rank].query_lens
                                                      for step in scenario.steps[:i + 1]),
                                  requests)
-                 for rank in range(config.dp_size)]
+                 for rank in range(config.serving.dp_size)]
         batches = scenario.batches(i)
         plans = None if judge_by is None else tuple(plan_without_world(judge_by, batches))
         # The harness's own decisions are held to a second statement of the spec that
         # shares no code with it (invariant 29 of docs/spec.md §8).
         expected = (tuple(spec_plans(config, batches))
-                    if config.sut is DecisionSystem.HARNESS else None)
+                    if config.system.sut is DecisionSystem.HARNESS else None)
         rows.append(ReferenceRows(tuple(r.outputs for r in ranks),
                                   tuple(r.state for r in ranks),
                                   tuple(tuple(sorted(route for r in ranks
                                                      for route in r.routes[dest]))
-                                        for dest in range(config.dp_size)),
+                                        for dest in range(config.serving.dp_size)),
                                   plans, expected,
                                   None if base is None else tuple(
                                       plans_without_world(base, batches))))
@@ -99,13 +99,13 @@ def _rank_reference(config: HarnessConfig, rank: int, lens: tuple[tuple[int, ...
     step = len(lens) - 1
     state = (_rank_reference(config, rank, lens[:-1], requests).state_tensor if step
              else initial_state(config, rank))
-    batches: list[list[RequestSpec]] = [[] for _ in range(config.dp_size)]
+    batches: list[list[RequestSpec]] = [[] for _ in range(config.serving.dp_size)]
     batches[rank] = requests()[step][rank]
-    states = [state] * config.dp_size  # reference_step clones each; idle ranks change none
+    states = [state] * config.serving.dp_size  # reference_step clones each; idle ranks change none
     ref = reference_step(config, _weights(config), batches, states)
     _MEMO[key] = found = _RankReference(
         rows_of(ref.outputs[rank]), rows_of(ref.states[rank]), ref.states[rank],
-        tuple(tuple(ref.routes[dest].elements()) for dest in range(config.dp_size)))
+        tuple(tuple(ref.routes[dest].elements()) for dest in range(config.serving.dp_size)))
     if len(_MEMO) > MEMO_SIZE:
         _MEMO.popitem(last=False)
     return found

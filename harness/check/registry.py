@@ -1,6 +1,7 @@
 """The checker registry: every checker once, with its name (harness/invariants.py), its
-phase and its function. The judge runs a phase's checkers in this order; a checker whose
-input the run did not produce gives a verdict of "not applicable", never "held"."""
+phase (start-up, step, scenario) and its function. The judge runs a phase's checkers in this
+order; a checker whose input the run did not produce gives a verdict of "not applicable",
+never "held"."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from harness.check import checkers, execution, startup, stream_order, vllm_exec
+from harness.check import checkers, execution, startup, stream_order, vllm_exec, whole_run
 from harness.check.reference import ReferenceRows
 from harness.check.verdict import Judgement, Verdict, not_applicable
 from harness.history.records import StartupRecord, StepRecord
@@ -19,6 +20,7 @@ from harness.invariants import CheckerName as N
 class Phase(Enum):
     STARTUP = "start-up"  # over every rank's start-up (capture) record
     STEP = "step"  # over every rank's record of one step, with its reference
+    SCENARIO = "scenario"  # once per scenario, over every step's records at once
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,13 @@ class StepInputs:
 
 
 @dataclass(frozen=True)
+class ScenarioInputs:
+    planned_steps: int  # the steps the scenario has; the history may stop before them
+    startup: tuple[StartupRecord | None, ...]
+    steps: tuple[tuple[StepRecord | None, ...], ...]  # per step that ran, per rank
+
+
+@dataclass(frozen=True)
 class Checker:
     name: N
     phase: Phase
@@ -43,10 +52,11 @@ class Checker:
     # False: the checker reads a record of every rank, and does not apply when one is missing.
     judges_missing_ranks: bool = False
 
-    def run(self, inputs: StartupInputs | StepInputs) -> Verdict:
-        missing = [r for r, rec in enumerate(inputs.records) if rec is None]
+    def run(self, inputs: StartupInputs | StepInputs | ScenarioInputs) -> Verdict:
+        missing = ([] if self.judges_missing_ranks else
+                   [r for r, rec in enumerate(inputs.records) if rec is None])
         judged = (not_applicable(f"ranks {missing} left no record") if missing
-                  and not self.judges_missing_ranks else self.judge(inputs))
+                  else self.judge(inputs))
         return Verdict(str(self.name), judged.outcome, judged.detail)
 
 
@@ -114,6 +124,10 @@ REGISTRY: tuple[Checker, ...] = (
     Checker(N.DIFFERENTIAL_BASE, Phase.STEP, _differential_base),
     Checker(N.DIFFERENTIAL, Phase.STEP, _differential),
     Checker(N.SPEC_DECISION, Phase.STEP, _spec_decision),
+    # A step missing from the history is one no step checker sees: only the whole run can.
+    Checker(N.STEPS_COMPLETE, Phase.SCENARIO,
+            lambda s: whole_run.check_steps_complete(s.planned_steps, s.startup, s.steps),
+            judges_missing_ranks=True),
 )
 
 
@@ -132,3 +146,10 @@ def check_step(records: Sequence[StepRecord | None], reference: ReferenceRows,
     """Every step checker's verdict over every rank's record of one step."""
     inputs = StepInputs(tuple(records), reference, deadline_s, evidence)
     return [c.run(inputs) for c in checkers_of(Phase.STEP)]
+
+
+def check_scenario(planned_steps: int, startup: Sequence[StartupRecord | None],
+                   steps: Sequence[Sequence[StepRecord | None]]) -> list[Verdict]:
+    """Every scenario checker's verdict, once, over the whole run's records."""
+    inputs = ScenarioInputs(planned_steps, tuple(startup), tuple(tuple(s) for s in steps))
+    return [c.run(inputs) for c in checkers_of(Phase.SCENARIO)]

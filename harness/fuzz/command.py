@@ -148,7 +148,7 @@ def pinned_fields(args: argparse.Namespace, variants: list[Variant]) -> dict[str
     fields = config_fields_from_args(args)
     if args.nproc is not None:
         fields["dp_size"] = args.nproc
-    HarnessConfig(**fields)
+    HarnessConfig.of(**fields)
     for variant in variants:
         _check_pins(variant, fields)
     return fields
@@ -171,12 +171,12 @@ def _check_pins(variant: Variant, fields: dict[str, Any]) -> None:
                               "plants")
     merged = {**fields, **dict(variant.changes)}
     if "enable_dbo" in fields or "ubatch_size" in fields:
-        HarnessConfig(**merged)
+        HarnessConfig.of(**merged)
         return
     first: ConfigError | None = None
     for k in variant.ubatch_counts:  # the fuzzer draws the microbatch count from these
         try:
-            HarnessConfig(**{**merged, **ubatching_fields(k)})
+            HarnessConfig.of(**{**merged, **ubatching_fields(k)})
             return
         except ConfigError as exc:
             first = first or exc
@@ -229,9 +229,9 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     vllm = vllm_fields(args)  # first: a checkout may be what makes vllm import
     variants = chosen_variants(args)
     fixed = {**pinned_fields(args, variants), **vllm}
-    tested = tested_vllm_json(HarnessConfig(**vllm)) if vllm else None
+    tested = tested_vllm_json(HarnessConfig.of(**vllm)) if vllm else None
     if vllm and not args.json:
-        print(tested_vllm(HarnessConfig(**vllm)), flush=True)
+        print(tested_vllm(HarnessConfig.of(**vllm)), flush=True)
     budget = budget_from_args(args)
     check_search_flags(args)
     timeouts = timeouts_from_args(args)
@@ -244,7 +244,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     dp_sizes = (nproc,) if nproc is not None else SIM_DP_SIZES
     profile = args.profile or profile_from_environment()
     outcomes = []
-    uses_vllm = any(HarnessConfig(**{**fixed, **dict(v.changes)}).uses_vllm for v in variants)
+    uses_vllm = any(HarnessConfig.of(**{**fixed, **dict(v.changes)}).uses_vllm for v in variants)
     with WorldPool(args.world, args.backend, timeouts, nproc, args.device,
                    preload_vllm=uses_vllm) as pool:
         for variant in variants:
@@ -311,8 +311,9 @@ def describe_scenario(outcome: FuzzOutcome) -> str:
                           for ranks in scenario.steps)
     faults = "".join(f"; {f.kind.value} on rank {f.rank} step {f.step} microbatch {f.ubatch}"
                      for f in scenario.faults)
-    return (f"dp {c.dp_size}, k {c.num_ubatches}, {c.cudagraph_mode.name}, capture sizes "
-            f"{sizes}, thresholds {c.decode_threshold}/{c.prefill_threshold}, tokens {steps}"
+    s = c.serving
+    return (f"dp {s.dp_size}, k {c.num_ubatches}, {s.cudagraph_mode.name}, capture sizes "
+            f"{sizes}, thresholds {s.decode_threshold}/{s.prefill_threshold}, tokens {steps}"
             f"{faults}")
 
 

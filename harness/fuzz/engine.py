@@ -227,10 +227,12 @@ class _Search:
 
 def _example_entry(search: _Search, scenario: Scenario, result: ScenarioResult,
                    seconds: float) -> ExampleEntry:
-    verdicts = [VerdictEntry(None, v.checker, v.ok, v.detail, v.applied)
+    verdicts = [VerdictEntry(None, v.checker, v.ok, v.detail, v.applied, "start-up")
                 for v in result.startup_verdicts]
-    verdicts += [VerdictEntry(i, v.checker, v.ok, v.detail, v.applied)
+    verdicts += [VerdictEntry(i, v.checker, v.ok, v.detail, v.applied, "step")
                  for i, step in enumerate(result.steps) for v in step.verdicts]
+    verdicts += [VerdictEntry(None, v.checker, v.ok, v.detail, v.applied, "scenario")
+                 for v in result.scenario_verdicts]
     return ExampleEntry(search.run_id, search.variant.name, search.world, scenario.to_dict(),
                         result.ok, tuple(verdicts), round(seconds, 4))
 

@@ -25,9 +25,9 @@ def simpler_scenarios(scenario: Scenario, dp_sizes: Collection[int]) -> Iterator
     if len(scenario.steps) > 1:
         for step in range(len(scenario.steps)):
             yield scenario.only_step(step)
-    fewer = scenario.config.dp_size - 1
+    fewer = scenario.config.serving.dp_size - 1
     if fewer >= MIN_RANKS and fewer in dp_sizes:
-        for rank in reversed(range(scenario.config.dp_size)):
+        for rank in reversed(range(scenario.config.serving.dp_size)):
             try:
                 yield scenario.without_rank(rank)
             except ConfigError:

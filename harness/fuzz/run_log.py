@@ -4,7 +4,8 @@ The fuzzer appends to it; `python -m harness report` reads it back. Plain dicts 
 that a log written by an older version still reads.
 
     {"type": "example", "run": ..., "variant": ..., "world": ..., "scenario": {...},
-     "ok": bool, "verdicts": [{"step": null | i, "checker": ..., "ok": bool, "detail": ...}],
+     "ok": bool, "verdicts": [{"step": null | i, "checker": ..., "ok": bool, "detail": ...,
+                               "applied": bool, "phase": "start-up" | "step" | "scenario"}],
      "seconds": float}
     {"type": "finding", "run": ..., "variant": ..., "world": ..., "found": bool,
      "checker": ... | null, "scenario": {...} | null, "examples": int, "seconds": float,
@@ -32,10 +33,16 @@ class VerdictEntry:
     ok: bool
     detail: str = ""
     applied: bool = True  # False: "not applicable" (logs written before this field: held)
+    # "start-up", "step" or "scenario"; None in logs written before this field (told by step)
+    phase: str | None = None
 
     @property
     def outcome(self) -> str:
         return "failed" if not self.ok else "held" if self.applied else "not applicable"
+
+    @property
+    def phase_name(self) -> str:
+        return self.phase or ("start-up" if self.step is None else "step")
 
 
 @dataclass(frozen=True)

@@ -1,17 +1,18 @@
 """The systems the fuzzer can be pointed at: the reference, and one variant per known bug.
 
-A variant plants its bug through config switches (and, for protocol bugs, the faults that
-trigger them); the fuzzer is told nothing else. Each names the checkers that catch it, so a
-detection counts only when the bug shows as itself.
+A variant plants its bug as a Mutation of the system under test (and, for protocol bugs, the
+faults that trigger them), apart from the setting it runs on; the fuzzer is told nothing else.
+Each names the checkers that catch it, so a detection counts only when the bug shows as itself.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from hypothesis import strategies as st
 
+from harness.config_parts import Mutation, System, wire_value
 from harness.errors import ConfigError
 from harness.faults import VLLM_EXEC_FAULTS, FaultKind
 from harness.gen.strategies import SIZE_CHOICES
@@ -21,8 +22,12 @@ from harness.gen.strategies import SIZE_CHOICES
 class Variant:
     name: str
     summary: str
-    changes: tuple[tuple[str, Any], ...] = ()  # config fields that plant the bug
-    undo: tuple[tuple[str, Any], ...] = ()  # config fields that take it out again
+    mutation: Mutation = Mutation()  # the bug it plants; Mutation() plants none
+    # What it runs on, apart from its bug (flat config fields): vLLM's decisions or execution.
+    setting: tuple[tuple[str, Any], ...] = ()
+    # The fields of `setting` whose vLLM code it hunts bugs in: the harness's own is the
+    # reference there.
+    under_test: tuple[str, ...] = ()
     caught_by: tuple[str, ...] = ()  # checkers that catch it; empty for the reference
     ubatch_counts: tuple[int, ...] = (2, 3, 4)
     fault_kinds: tuple[FaultKind, ...] = ()  # the nemesis drawn into scenarios
@@ -39,6 +44,24 @@ class Variant:
     def is_reference(self) -> bool:
         return not self.caught_by
 
+    @property
+    def changes(self) -> tuple[tuple[str, Any], ...]:
+        """The flat config fields that plant the bug: the setting, then the mutation."""
+        planted = tuple((name, wire_value(getattr(self.mutation, name)))
+                        for name in self.mutation.planted())
+        return (*self.setting, *planted)
+
+    @property
+    def undo(self) -> tuple[tuple[str, Any], ...]:
+        """The flat fields that take the bug out: every switch the variant plants or draws
+        back to Mutation()'s, and the vLLM code under test back to the harness's own."""
+        drawn = {name for name, _ in self.drawn}
+        switches = [f.name for f in fields(Mutation)
+                    if f.name in self.mutation.planted() or f.name in drawn]
+        reference, harness = Mutation(), System()
+        return (*((name, wire_value(getattr(reference, name))) for name in switches),
+                *((name, wire_value(getattr(harness, name))) for name in self.under_test))
+
 
 CONTAINED_FAULTS = (FaultKind.RAISE_IN_UBATCH, FaultKind.RETURN_WITHOUT_YIELDING)
 
@@ -48,58 +71,58 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
             fault_kinds=CONTAINED_FAULTS, fault_every=8, drafts_every=8),
     Variant("guard-merged", "PR #51700 as merged (and vllm 0.33.0): eager only when "
             "2 * min < G, so a rank at exactly G / 2 replays an empty microbatch",
-            changes=(("guard", "merged"),), undo=(("guard", "fixed"),),
+            mutation=Mutation(guard="merged"),
             caught_by=("no_empty_region", "captured_split")),
     Variant("guard-strict-k2", "the guard `2 * min <= G` with its literal 2: wrong for k > 2",
-            changes=(("guard", "strict-k2"),), undo=(("guard", "fixed"),),
+            mutation=Mutation(guard="strict-k2"),
             caught_by=("no_empty_region", "captured_split"),
             ubatch_counts=(3, 4)),
     Variant("unreachable-twins", "a microbatched twin generated for every FULL size, including "
             "sizes no legal batch can reach (captured and held for nothing)",
-            changes=(("twins", "all"),), undo=(("twins", "reachable"),),
+            mutation=Mutation(twins="all"),
             caught_by=("graphs_reachable",)),
     Variant("stock-protocol", "the stock microbatch protocol: a microbatch that fails after its "
             "first yield leaves its sibling waiting forever",
-            changes=(("protocol", "stock"),), undo=(("protocol", "abortable"),),
+            mutation=Mutation(protocol="stock"),
             caught_by=("liveness", "errors"),
             fault_kinds=(FaultKind.RAISE_IN_UBATCH,)),
     Variant("capture-side-stream", "the draft of PR #51700: microbatched graphs captured on the "
             "graph context's side stream while the threads launch on the runner's stream",
-            changes=(("capture_on", "side"),), undo=(("capture_on", "runner"),),
+            mutation=Mutation(capture_on="side"),
             # On CUDA the capture fails outright (the threads' work is illegal beside it).
             caught_by=("graphs_capture_work", "matches_reference", "startup")),
     Variant("asymmetric-candidates", "one rank derives its twins with a shifted decode "
             "threshold, so the ranks capture different graphs",
             caught_by=("capture_symmetry", "agreement", "startup"),
-            undo=(("threshold_offset", 0), ("threshold_offset_rank", None)),
+            # The mutation is drawn: which rank, and how far its threshold moves.
             drawn=(("threshold_offset_rank", st.integers(0, 1)),
                    ("threshold_offset", st.integers(1, 32)))),
     Variant("a2a-unpadded-sizes", "the all-to-all buffers sized from each microbatch's own "
             "unpadded token count, so ranks with different real tokens exchange different "
             "sizes (gloo aborts the process that receives more than it expects)",
-            changes=(("a2a_buffers", "unpadded"),), undo=(("a2a_buffers", "max-tokens"),),
+            mutation=Mutation(a2a_buffers="unpadded"),
             caught_by=("errors", "startup")),
     # vLLM's bug history (docs/spec.md §7.12-7.15).
     Variant("twin-stored-under-two-ubatches", "vLLM issue #43145: a microbatched graph is "
             "stored under the tokens of its first two microbatches and looked up by the "
             "total, so with k >= 3 it is never found and the step runs eagerly",
-            changes=(("capture_key", "first-two"),), undo=(("capture_key", "total"),),
+            mutation=Mutation(capture_key="first-two"),
             caught_by=("executes_plan",), ubatch_counts=(3,),
             # The bug lives where twins are captured: no mode without FULL graphs.
             drawn=(("cudagraph_mode", st.sampled_from(("FULL", "FULL_DECODE_ONLY"))),)),
     Variant("eager-step-graph-padded-slices", "vLLM PR #29933: a split step that replays no "
             "graph runs microbatch slices padded as a graph's, to requests it does not have",
-            changes=(("eager_slices", "graph-padded"),), undo=(("eager_slices", "own"),),
+            mutation=Mutation(eager_slices="graph-padded"),
             caught_by=("eager_slices",)),
     Variant("a2a-buffers-sized-for-a-microbatch", "vLLM issue #52176: the all-to-all buffers "
             "take one microbatch of the largest batch, so a step that does not split runs "
             "a batch larger than the buffers",
-            changes=(("a2a_buffers", "microbatch"),), undo=(("a2a_buffers", "max-tokens"),),
+            mutation=Mutation(a2a_buffers="microbatch"),
             caught_by=("dispatch_capacity", "startup", "errors")),
     Variant("idle-rank-dummy-unpadded", "vLLM issue #26137: an idle rank's dummy batch "
             "runs at its own size instead of the token count the ranks agreed on, so it "
             "replays (or runs) another graph than its peers",
-            changes=(("dummy_padding", "unpadded"),), undo=(("dummy_padding", "agreed"),),
+            mutation=Mutation(dummy_padding="unpadded"),
             caught_by=("executes_plan",),
             # Without graphs nobody pads, and with one graph the dummy's own is the agreed
             # one: only modes that capture graphs, two sizes at least, can show it.
@@ -110,13 +133,13 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("rank-local-ubatch-opt-out", "a rank with fewer requests than microbatches leaves "
             "the split on its own, a value no other rank consults; its peers wait in "
             "all-to-alls it never joins (vLLM PR #50945's review)",
-            changes=(("ubatch_vote", "rank-local"),), undo=(("ubatch_vote", "synced"),),
+            mutation=Mutation(ubatch_vote="rank-local"),
             caught_by=("split_consensus", "agreement", "errors")),
     Variant("rank-local-query-len-bound", "with draft tokens and varlen decode graphs, a rank "
             "dispatches with its own query-length bound instead of the synced one, so a decode "
             "rank replays a varlen decode graph its peers with a prefill cannot "
             "(docs/spec.md §7.17)",
-            changes=(("query_len_bound", "rank-local"),), undo=(("query_len_bound", "synced"),),
+            mutation=Mutation(query_len_bound="rank-local"),
             caught_by=("agreement", "executes_plan", "errors"),
             # The bug lives where varlen decode graphs exist: drafts (so no microbatching)
             # and a separate decode routine whose mixed steps still pad (PIECEWISE).
@@ -131,7 +154,7 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
 SUT_VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("vllm", "the installed vLLM's own candidates, dispatch, thresholds and DP sync "
             "in the decision slots; the model, protocol, graphs and checkers the harness's",
-            changes=(("sut", "vllm"),), undo=(("sut", "harness"),),
+            setting=(("sut", "vllm"),), under_test=("sut",),
             # differential_base first: with --differential-against base, a decision a fix
             # was not meant to change is named as such (differential fails there too).
             caught_by=("differential_base", "no_empty_region", "differential",
@@ -150,25 +173,25 @@ EXEC_HUNT_DRAWN = (("cudagraph_mode", st.just("NONE")), ("decode_threshold", st.
 EXEC_VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("vllm-exec-hang", "vllm's UBatchRunner and ubatching contexts under microbatch "
             "faults: a step that never ends (a microbatch parked for a handoff nobody makes)",
-            changes=(("sut", "vllm"), ("execution", "vllm")),
-            undo=(("execution", "harness"),), caught_by=("liveness",), hunt=("liveness",),
+            setting=(("sut", "vllm"), ("execution", "vllm")), under_test=("execution",),
+            caught_by=("liveness",), hunt=("liveness",),
             fault_kinds=EXEC_FAULTS, ubatch_counts=(2, 3), drawn=EXEC_HUNT_DRAWN),
     Variant("vllm-exec-crash", "vllm's UBatchRunner and ubatching contexts under microbatch "
             "faults: a thread no fault was injected into crashes of its own",
-            changes=(("sut", "vllm"), ("execution", "vllm")),
-            undo=(("execution", "harness"),), caught_by=("errors",), hunt=("errors",),
+            setting=(("sut", "vllm"), ("execution", "vllm")), under_test=("execution",),
+            caught_by=("errors",), hunt=("errors",),
             fault_kinds=EXEC_FAULTS, ubatch_counts=(2, 3),
             # Where a thread dereferences a sibling's slot: the receive hooks of low latency.
             drawn=(*EXEC_HUNT_DRAWN, ("all2all_backend", st.just("deepep_low_latency")))),
     Variant("vllm-exec", "the harness's decisions executed by vllm's UBatchRunner, ubatching "
             "contexts and ModelCudaGraphManager, fault-free: every checker must hold",
-            changes=(("execution", "vllm"),), undo=(("execution", "harness"),)),
+            setting=(("execution", "vllm"),), under_test=("execution",)),
     # A planted slip (docs/spec.md §11), named alone: `all` hunts vLLM as it ships.
     Variant("ht-missing-compute-wait", "the high-throughput all-to-all returns to compute "
             "with vllm's dbo_switch_to_compute, no event wait, so the compute stream reads "
             "the comm stream's receive unordered (right rows on CPU, a race on a GPU)",
-            changes=(("sut", "vllm"), ("execution", "vllm"), ("switch_to_compute", "no-wait")),
-            undo=(("switch_to_compute", "sync"),), caught_by=("stream_order",),
+            setting=(("sut", "vllm"), ("execution", "vllm")),
+            mutation=Mutation(switch_to_compute="no-wait"), caught_by=("stream_order",),
             hunt=("stream_order",), ubatch_counts=(2, 3),
             drawn=(*EXEC_HUNT_DRAWN, ("all2all_backend", st.just("deepep_high_throughput")))),
 )}

@@ -8,18 +8,19 @@ must not bend the search that hunts it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from harness.batch import RankBatch
-from harness.config import HARNESS_ONLY_FIELDS, HarnessConfig
+from harness.config import HarnessConfig, Mutation
 from harness.history.decision import StepPlan
 from harness.scenario import Scenario
 from harness.spec.decision import last_region_start, spec_plans
 
 
 def reference_plans(config: HarnessConfig, batches: Sequence[RankBatch]) -> list[StepPlan]:
-    """Every rank's plan as docs/spec.md decides it with the decision switches at their
-    reference values (the variant's planted decision bug undone)."""
-    return spec_plans(config.with_changes(**dict(HARNESS_ONLY_FIELDS)), batches)
+    """Every rank's plan as docs/spec.md decides it with no mutation (the variant's planted
+    decision bug undone)."""
+    return spec_plans(replace(config, mutation=Mutation()), batches)
 
 
 def steps_with_microbatch_threads(config: HarnessConfig,
@@ -35,7 +36,7 @@ def steering(scenario: Scenario) -> dict[str, float]:
     the number of steps that replay a microbatched graph."""
     config = scenario.config
     k = max(config.num_ubatches, 2)
-    closeness, padding, twin_replays = -float(config.max_num_batched_tokens), 0.0, 0.0
+    closeness, padding, twin_replays = -float(config.serving.max_num_batched_tokens), 0.0, 0.0
     for i in range(len(scenario.steps)):
         batches = scenario.batches(i)
         counts = [b.num_tokens for b in batches]

@@ -18,7 +18,7 @@ from harness.config import All2AllBackend, CudaGraphMode, Guard, HarnessConfig, 
 from harness.errors import ConfigError
 from harness.faults import Fault, FaultKind
 from harness.gen.aim import steps_with_microbatch_threads
-from harness.scenario import RankStep, Scenario
+from harness.scenario import Scenario
 from harness.spec.decision import last_region_start
 
 GRAPH_MODES = (CudaGraphMode.FULL, CudaGraphMode.FULL_DECODE_ONLY,
@@ -43,7 +43,7 @@ def configs(draw, *, dp_sizes=(2, 3, 4), ubatch_counts=(2, 3, 4), modes=GRAPH_MO
     dp = draw(st.sampled_from(dp_sizes))
     k = draw(st.sampled_from(ubatch_counts))
     sizes = draw(st.lists(st.integers(1, max_tokens), min_size=1, max_size=4, unique=True))
-    return HarnessConfig(
+    return HarnessConfig.of(
         dp_size=dp,
         enable_dbo=k == 2,
         ubatch_size=0 if k == 2 else k,
@@ -111,7 +111,7 @@ def fuzz_configs(draw, fixed: Mapping[str, Any] | None = None, *,
         fields[name] = pick(name, strategy)
     fields.update(fixed)
     try:
-        return HarnessConfig(**fields)
+        return HarnessConfig.of(**fields)
     except ConfigError:
         assume(False)
         raise  # unreachable: assume(False) rejects the example
@@ -149,14 +149,14 @@ def boundary_token_counts(config: HarnessConfig) -> list[int]:
     """Token counts where decisions flip: thresholds, capture sizes, every region start, +-1,
     and one past the largest capture size (the first batch no graph can hold)."""
     k = config.num_ubatches
-    points = {config.decode_threshold, config.prefill_threshold}
+    points = {config.serving.decode_threshold, config.serving.prefill_threshold}
     for size in config.cudagraph_capture_sizes:
         points.add(size)
         points.update((size // k) * i for i in range(1, k))
     if config.cudagraph_capture_sizes:
         points.add(config.max_capture_size + 1)
     near = {p + d for p in points for d in (-1, 0, 1)}
-    return sorted(n for n in near if 1 <= n <= config.max_num_batched_tokens)
+    return sorted(n for n in near if 1 <= n <= config.serving.max_num_batched_tokens)
 
 
 def token_counts(config: HarnessConfig, upper: int) -> st.SearchStrategy[int]:
@@ -171,21 +171,29 @@ def rank_batch(draw, config: HarnessConfig, tokens: int | None = None) -> RankBa
     """One rank's batch: idle, uniform decode, or mixed (any query lengths), legal for config.
     With `tokens` the count is given (the skew shape chose it) and only the layout is drawn."""
     if tokens == 0:
-        return RankBatch.uniform(0, allow_ubatching=_allows_ubatching(draw))
+        return laid_out(config, 0, 0, _allows_ubatching(draw))
     kind = draw(st.sampled_from(("decode", "decode", "decode", "mixed") if tokens is not None
                                 else ("decode", "decode", "decode", "mixed", "idle")))
     allow = _allows_ubatching(draw)
     if kind == "idle":
-        return RankBatch.uniform(0, allow_ubatching=allow)
-    decode_limit = min(config.max_num_reqs, config.max_num_batched_tokens)
+        return laid_out(config, 0, 0, allow)
+    decode_limit = min(config.serving.max_num_reqs, config.serving.max_num_batched_tokens)
     if kind == "decode" and (tokens is None or tokens <= decode_limit):
         n = tokens if tokens is not None else draw(token_counts(config, decode_limit))
-        return RankBatch.uniform(n, 1, allow_ubatching=allow)
+        return laid_out(config, n, n, allow)
     n = tokens if tokens is not None else draw(token_counts(config,
-                                                            config.max_num_batched_tokens))
+                                                            config.serving.max_num_batched_tokens))
     # Often one long prefill chunk alone, as real mixed traffic has.
-    reqs = draw(st.one_of(st.integers(1, min(n, config.max_num_reqs)), st.just(1)))
-    return RankBatch.uniform(n, None, num_reqs=reqs, allow_ubatching=allow)
+    reqs = draw(st.one_of(st.integers(1, min(n, config.serving.max_num_reqs)), st.just(1)))
+    return laid_out(config, n, reqs, allow)
+
+
+def laid_out(config: HarnessConfig, num_tokens: int, num_reqs: int,
+             allow_ubatching: bool = True) -> RankBatch:
+    """A drawn rank's input, its requests laid out as vLLM's dummy batch lays them (the
+    form every world and the reference are given: drawn once, never rebuilt)."""
+    return RankBatch.from_query_lens(dummy_query_lens(num_reqs, num_tokens), allow_ubatching,
+                                     config.serving.decode_query_len)
 
 
 def _allows_ubatching(draw) -> bool:
@@ -196,8 +204,8 @@ def _allows_ubatching(draw) -> bool:
 @st.composite
 def skewed_token_counts(draw, config: HarnessConfig) -> list[int]:
     """Per-rank token counts in one of the DP skew shapes of real traffic."""
-    dp = config.dp_size
-    upper = config.max_num_batched_tokens
+    dp = config.serving.dp_size
+    upper = config.serving.max_num_batched_tokens
     count = token_counts(config, upper)
     shape = draw(st.sampled_from(SKEW_SHAPES))
     if shape == "straddle" and config.cudagraph_capture_sizes:
@@ -233,13 +241,13 @@ def straddling_token_counts(draw, config: HarnessConfig) -> list[int]:
     sizes = config.cudagraph_capture_sizes
     k = max(config.num_ubatches, 2)
     starts = [(g, (g // k) * i) for g in sizes for i in range(1, k)]
-    open_starts = [(g, n) for g, n in starts if n >= config.decode_threshold]
+    open_starts = [(g, n) for g, n in starts if n >= config.serving.decode_threshold]
     graph, start = draw(st.sampled_from(open_starts or starts))
     below = max((s for s in sizes if s < graph), default=0)
     light = max(0, start + draw(st.sampled_from((0, -1, 1))))
-    light_rank = draw(st.integers(0, config.dp_size - 1))
+    light_rank = draw(st.integers(0, config.serving.dp_size - 1))
     heavy = st.one_of(st.just(graph), st.integers(max(below + 1, start), graph))
-    counts = [draw(heavy) for _ in range(config.dp_size)]
+    counts = [draw(heavy) for _ in range(config.serving.dp_size)]
     counts[light_rank] = light
     return counts
 
@@ -248,16 +256,16 @@ def straddling_token_counts(draw, config: HarnessConfig) -> list[int]:
 def skewed_batches(draw, config: HarnessConfig) -> list[RankBatch]:
     """One batch per rank: the token counts of a skew shape, laid out either as a pure
     decode step on every rank (what microbatched graphs serve) or each rank on its own."""
-    if config.decode_query_len > 1:
+    if config.serving.decode_query_len > 1:
         return draw(draft_batches(config))
-    if config.dp_size > 1 and draw(st.integers(0, 7)) == 0:
+    if config.serving.dp_size > 1 and draw(st.integers(0, 7)) == 0:
         mixed = draw(decode_beside_mixed(config))
         if mixed:
             return mixed
     counts = draw(skewed_token_counts(config))
-    decode_limit = min(config.max_num_reqs, config.max_num_batched_tokens)
+    decode_limit = min(config.serving.max_num_reqs, config.serving.max_num_batched_tokens)
     if draw(st.booleans()) and max(counts) <= decode_limit:
-        return [RankBatch.uniform(n, 1) for n in counts]
+        return [laid_out(config, n, n) for n in counts]
     return [draw(rank_batch(config, n)) for n in counts]
 
 
@@ -277,14 +285,15 @@ def draft_batches(draw, config: HarnessConfig) -> list[RankBatch]:
         skip = True if everyone_skips else draw(st.booleans())
         allow = _allows_ubatching(draw)
         lens = draft_layout(config, n, draw(st.sampled_from(DRAFT_LAYOUTS)), draw)
-        batches.append(RankBatch.from_query_lens(lens, allow, config.decode_query_len, skip))
+        batches.append(RankBatch.from_query_lens(lens, allow, config.serving.decode_query_len,
+                                                 skip))
     return batches
 
 
 def draft_layout(config: HarnessConfig, n: int, layout: str, draw) -> tuple[int, ...]:
     """`n` tokens as requests of one layout; a layout the limits do not allow falls back to
     the next (uniform to varlen to prefill), and a prefill needs more than q tokens."""
-    q, limit = config.decode_query_len, config.max_num_reqs
+    q, limit = config.serving.decode_query_len, config.serving.max_num_reqs
     if n == 0:
         return ()
     if layout == "uniform" and q <= n and n // q <= limit:
@@ -305,21 +314,22 @@ def decode_beside_mixed(draw, config: HarnessConfig) -> list[RankBatch]:
     the all-ranks uniform-decode test (docs/spec.md §1.2) decide the split and the graph.
     Empty where the config leaves no such step."""
     sizes = config.cudagraph_capture_sizes
-    decode_limit = min(config.max_num_reqs, config.max_num_batched_tokens)
+    decode_limit = min(config.serving.max_num_reqs, config.serving.max_num_batched_tokens)
     top = min(draw(st.sampled_from(sizes)) if sizes else decode_limit, decode_limit)
-    low = max(config.decode_threshold, 2)  # a mixed batch needs two tokens
+    low = max(config.serving.decode_threshold, 2)  # a mixed batch needs two tokens
     if low > top:
         return []
     near = [n for n in boundary_token_counts(config) if low <= n <= top]
     count = st.one_of(st.integers(low, top), st.sampled_from(near)) if near else \
         st.integers(low, top)
-    decoders = draw(st.sets(st.integers(0, config.dp_size - 1), min_size=1,
-                            max_size=config.dp_size - 1))
+    decoders = draw(st.sets(st.integers(0, config.serving.dp_size - 1), min_size=1,
+                            max_size=config.serving.dp_size - 1))
     batches = []
-    for rank in range(config.dp_size):
+    for rank in range(config.serving.dp_size):
         n = draw(count)
-        reqs = n if rank in decoders else draw(st.integers(1, min(n - 1, config.max_num_reqs)))
-        batches.append(RankBatch.uniform(n, 1 if rank in decoders else None, num_reqs=reqs))
+        reqs = n if rank in decoders else draw(st.integers(1, min(n - 1,
+                                                                  config.serving.max_num_reqs)))
+        batches.append(laid_out(config, n, reqs))
     return batches
 
 
@@ -327,7 +337,7 @@ def decode_beside_mixed(draw, config: HarnessConfig) -> list[RankBatch]:
 def steps(draw, config_strategy=None) -> tuple[HarnessConfig, list[RankBatch]]:
     """A config and one batch per rank (no skew shape: each rank drawn on its own)."""
     config = draw(config_strategy if config_strategy is not None else configs())
-    batches = [draw(rank_batch(config)) for _ in range(config.dp_size)]
+    batches = [draw(rank_batch(config)) for _ in range(config.serving.dp_size)]
     return config, batches
 
 
@@ -345,7 +355,7 @@ def faults(draw, config: HarnessConfig, num_steps: int, kinds: Sequence[FaultKin
     aimed = threaded_steps and draw(st.integers(0, 3)) > 0
     step = st.sampled_from(threaded_steps) if aimed else st.integers(0, num_steps - 1)
     kind = draw(st.sampled_from(kinds))
-    fault = Fault(kind, draw(st.integers(0, config.dp_size - 1)), draw(step),
+    fault = Fault(kind, draw(st.integers(0, config.serving.dp_size - 1)), draw(step),
                   draw(st.integers(0, max(config.num_ubatches, 1) - 1)))
     if kind is FaultKind.SLOW_UBATCH:
         fault = replace(fault, seconds=draw(st.sampled_from(SLOW_UBATCH_SECONDS)))
@@ -360,8 +370,7 @@ def scenarios(draw, config_strategy: st.SearchStrategy[HarnessConfig], *,
     (always when fault_every is 1, else about one scenario in fault_every)."""
     config = draw(config_strategy)
     drawn = [draw(skewed_batches(config)) for _ in range(draw(st.integers(1, max_steps)))]
-    ranks = [tuple(RankStep(b.request_query_lens(), b.allow_ubatching, b.allow_skip_drafts)
-                   for b in batches) for batches in drawn]
+    ranks = [tuple(batches) for batches in drawn]  # the drawn inputs, as they are
     planted = ()
     # The fault sits at the top of the draw so that the simplest example has none: Hypothesis
     # starts from and shrinks toward the simplest, and a faulted example costs its timeouts.

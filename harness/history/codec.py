@@ -55,24 +55,56 @@ def _items(hint: Any, count: int) -> tuple[Any, ...]:
     return args
 
 
-def encode(value: Any, hint: Any) -> Any:
-    """`value`, of type `hint`, as plain JSON data."""
+def _leaf_items(hint: Any) -> tuple[type, int | None] | None:
+    """(float or int, how many: None for any) for a tuple of only those (`tuple[float, ...]`,
+    `tuple[int, int]`); None for any other tuple."""
+    args = typing.get_args(hint)
+    kinds = {a for a in args if a is not Ellipsis}
+    if len(kinds) != 1 or not kinds <= {float, int}:
+        return None
+    return kinds.pop(), None if Ellipsis in args else len(args)
+
+
+@functools.cache
+def _shape(hint: Any) -> tuple[str, Any]:
+    """How values of `hint` are stored, worked out once: a record crossing the wire holds
+    thousands of values, rows of outputs and routes (a tuple of leaves) most of them."""
     if hint is Any:
-        return value  # already plain JSON data (e.g. a vLLM identity object)
+        return "any", None
     arm = _optional(hint)
     if arm is not None:
-        return None if value is None else encode(value, arm)
+        return "optional", arm
     if dataclasses.is_dataclass(hint):
-        return {name: encode(getattr(value, name), h) for name, h in _hints(hint).items()}
+        return "record", None
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
-        return value.name
+        return "enum", None
     if typing.get_origin(hint) is tuple:
-        return [encode(v, h) for v, h in zip(value, _items(hint, len(value)), strict=True)]
-    if hint is float and not math.isfinite(value):
-        return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+        return "tuple", _leaf_items(hint)
     if hint in _LEAVES:
-        return value
+        return "leaf", None
     raise TypeError(f"no JSON form for {hint!r}")
+
+
+def encode(value: Any, hint: Any) -> Any:
+    """`value`, of type `hint`, as plain JSON data."""
+    kind, arg = _shape(hint)
+    if kind == "leaf":
+        if hint is float and not math.isfinite(value):
+            return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+        return value
+    if kind == "any":
+        return value  # already plain JSON data (e.g. a vLLM identity object)
+    if kind == "optional":
+        return None if value is None else encode(value, arg)
+    if kind == "record":
+        return {name: encode(getattr(value, name), h) for name, h in _hints(hint).items()}
+    if kind == "enum":
+        return value.name
+    if arg is not None and arg[0] is float:
+        return [v if math.isfinite(v) else encode(v, float) for v in value]
+    if arg is not None:
+        return list(value)
+    return [encode(v, h) for v, h in zip(value, _items(hint, len(value)), strict=True)]
 
 
 def _at(where: str, name: str) -> str:
@@ -81,26 +113,29 @@ def _at(where: str, name: str) -> str:
 
 def decode(data: Any, hint: Any, where: str = "") -> Any:
     """The value of type `hint` that `encode` gave `data` for; `where` names it in errors."""
-    if hint is Any:
+    kind, arg = _shape(hint)
+    if kind == "leaf":
+        return data if type(data) is hint else _decode_leaf(data, hint, where)
+    if kind == "any":
         return data
-    arm = _optional(hint)
-    if arm is not None:
-        return None if data is None else decode(data, arm, where)
-    if dataclasses.is_dataclass(hint):
+    if kind == "optional":
+        return None if data is None else decode(data, arg, where)
+    if kind == "record":
         return _decode_fields(data, hint, where)
-    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+    if kind == "enum":
         if not isinstance(data, str) or data not in hint.__members__:
             raise _wrong(where, f"one of {', '.join(hint.__members__)}", data)
         return hint[data]
-    if typing.get_origin(hint) is tuple:
-        if not isinstance(data, list):
-            raise _wrong(where, "a list", data)
-        items = _items(hint, len(data))
-        if len(items) != len(data):
-            raise _wrong(where, f"a list of {len(items)} items", data)
-        pairs = enumerate(zip(data, items, strict=True))
-        return tuple(decode(v, h, f"{where}[{i}]") for i, (v, h) in pairs)
-    return _decode_leaf(data, hint, where)
+    if not isinstance(data, list):
+        raise _wrong(where, "a list", data)
+    if arg is not None and arg[1] in (None, len(data)) and all(type(v) is arg[0]
+                                                                for v in data):
+        return tuple(data)
+    items = _items(hint, len(data))
+    if len(items) != len(data):
+        raise _wrong(where, f"a list of {len(items)} items", data)
+    pairs = enumerate(zip(data, items, strict=True))
+    return tuple(decode(v, h, f"{where}[{i}]") for i, (v, h) in pairs)
 
 
 def _decode_fields(data: Any, cls: type, where: str) -> Any:

@@ -47,8 +47,12 @@ def _race_line(race) -> str:
     """One of TORCH_CUDA_SANITIZER's unsynchronized-access errors on a line: each access's
     stream, operator and innermost frame of the harness or vLLM."""
     now, before = race.current_access, race.previous_access
-    return (f"stream {now.stream} {now.operator} {now.type} at {_our_frame(now)} races "
-            f"stream {before.stream} {before.operator} {before.type} at {_our_frame(before)}")
+    return (f"stream {now.stream} {_op(now)} {now.type} at {_our_frame(now)} races "
+            f"stream {before.stream} {_op(before)} {before.type} at {_our_frame(before)}")
+
+
+def _op(access) -> str:
+    return str(access.operator).split("(", 1)[0]  # the name; its schema would fill the line
 
 
 def _our_frame(access) -> str:

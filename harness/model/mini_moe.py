@@ -49,9 +49,9 @@ AllToAll = Callable[[torch.Tensor, torch.Tensor], Wait]
 def a2a_tokens_per_rank(config: HarnessConfig) -> int:
     """Tokens per rank the all-to-all buffers take: the largest batch (a2a_buffers
     max-tokens), or (vLLM issue #52176) one microbatch of it, rounded up."""
-    if config.a2a_buffers is A2ABuffers.MICROBATCH and config.num_ubatches > 1:
-        return -(-config.max_num_batched_tokens // config.num_ubatches)
-    return config.max_num_batched_tokens
+    if config.mutation.a2a_buffers is A2ABuffers.MICROBATCH and config.num_ubatches > 1:
+        return -(-config.serving.max_num_batched_tokens // config.num_ubatches)
+    return config.serving.max_num_batched_tokens
 
 
 class MiniMoE:
@@ -71,16 +71,16 @@ class MiniMoE:
         self.device = torch.device(device)
         self.weights = (weights.to(self.device) if weights is not None
                         else MoEWeights.build(config, device=self.device))
-        self.hidden_size = config.hidden_size
-        self.top_k = config.top_k
-        self.peers = config.dp_size
-        self.experts_per_rank = config.experts_per_rank
+        self.hidden_size = config.model.hidden_size
+        self.top_k = config.model.top_k
+        self.peers = config.serving.dp_size
+        self.experts_per_rank = config.model.experts_per_rank
         self.width = self.hidden_size + NUM_PROVENANCE_COLS
         # DeepEP low-latency style: a fixed max tokens per rank, so every rank sends the same
         # sizes whatever its own batch (an idle or unpadded rank included).
-        self.capacity = a2a_tokens_per_rank(config) * config.top_k
-        self.unpadded_buffers = config.a2a_buffers is A2ABuffers.UNPADDED
-        self.blocking_all_to_all = config.all2all_backend is All2AllBackend.HIGH_THROUGHPUT
+        self.capacity = a2a_tokens_per_rank(config) * config.model.top_k
+        self.unpadded_buffers = config.mutation.a2a_buffers is A2ABuffers.UNPADDED
+        self.blocking_all_to_all = config.serving.all2all_backend is All2AllBackend.HIGH_THROUGHPUT
         self._buffers: dict[tuple[int, int, int], CommBuffers] = {}
         self._last: dict[tuple[int, int], CommBuffers] = {}  # last used, per microbatch size
         self._lock = threading.Lock()

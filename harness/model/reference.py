@@ -36,7 +36,7 @@ def reference_step(config: HarnessConfig, weights: MoEWeights,
         raise ValueError("one initial state per rank is needed")
     w = weights
     outputs, states = [], []
-    routes: list[Counter[Route]] = [Counter() for _ in range(config.dp_size)]
+    routes: list[Counter[Route]] = [Counter() for _ in range(config.serving.dp_size)]
     for rank, requests in enumerate(batches):
         state = initial_states[rank].clone()
         hidden = _attention(config, w, requests, state)
@@ -50,7 +50,7 @@ def _attention(config: HarnessConfig, w: MoEWeights, requests: Sequence[RequestS
     """Each token reads its request's cached state plus the embeddings of the request's
     earlier tokens, scaled by its position; then each request's state absorbs its tokens."""
     if not requests:
-        return torch.zeros(0, config.hidden_size, dtype=DTYPE)
+        return torch.zeros(0, config.model.hidden_size, dtype=DTYPE)
     lens = torch.tensor([r.query_len for r in requests])
     owner = torch.repeat_interleave(torch.arange(len(requests)), lens)  # request of each token
     emb = w.embedding[[t for r in requests for t in r.token_ids]]
@@ -69,12 +69,12 @@ def _attention(config: HarnessConfig, w: MoEWeights, requests: Sequence[RequestS
 def _moe(config: HarnessConfig, w: MoEWeights, hidden: torch.Tensor, rank: int,
          routes: list[Counter[Route]]) -> torch.Tensor:
     """Every token to its top-k experts, called directly; no buffers, no all-to-all."""
-    values, ids = (hidden @ w.router).topk(config.top_k, dim=-1)
+    values, ids = (hidden @ w.router).topk(config.model.top_k, dim=-1)
     gates = torch.softmax(values, dim=-1)
     out = torch.zeros_like(hidden)
     for token, experts in enumerate(ids.tolist()):
         for expert in experts:
-            routes[expert // config.experts_per_rank][(rank, token, expert)] += 1
+            routes[expert // config.model.experts_per_rank][(rank, token, expert)] += 1
     for expert in set(ids.flatten().tolist()):
         chosen = ids == expert  # [T, k]
         rows = chosen.any(dim=1)

@@ -47,7 +47,8 @@ class StateCache:
 def initial_state(config: HarnessConfig, rank: int) -> torch.Tensor:
     """The state cache a rank starts from: seeded, non-zero (so a lost update shows), with a
     zero scratch row; the reference starts from the same."""
-    gen = torch.Generator().manual_seed(config.seed * 1009 + rank + 1)
-    state = torch.randn(config.max_num_reqs + 1, config.hidden_size, generator=gen, dtype=DTYPE)
-    state[config.max_num_reqs] = 0.0
+    gen = torch.Generator().manual_seed(config.model.seed * 1009 + rank + 1)
+    state = torch.randn(config.serving.max_num_reqs + 1, config.model.hidden_size, generator=gen,
+                        dtype=DTYPE)
+    state[config.serving.max_num_reqs] = 0.0
     return state

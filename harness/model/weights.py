@@ -26,9 +26,9 @@ class MoEWeights:
               device: torch.device | str = "cpu") -> MoEWeights:
         """Every rank draws all experts from one seeded generator (on the CPU, then moved to
         `device`), so all ranks and devices agree."""
-        h, e = config.hidden_size, config.num_experts
+        h, e = config.model.hidden_size, config.num_experts
         f = 2 * h
-        gen = torch.Generator().manual_seed(config.seed)
+        gen = torch.Generator().manual_seed(config.model.seed)
 
         def draw(*shape: int, scale: float) -> torch.Tensor:
             return torch.randn(*shape, generator=gen, dtype=DTYPE) * scale

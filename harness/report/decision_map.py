@@ -33,7 +33,7 @@ MAX_SAMPLES = 257
 
 
 def map_limit(config: HarnessConfig) -> int:
-    return min(config.max_num_reqs, config.max_num_batched_tokens)
+    return min(config.serving.max_num_reqs, config.serving.max_num_batched_tokens)
 
 
 def map_stride(limit: int) -> int:
@@ -52,13 +52,13 @@ def map_file_name(config: HarnessConfig) -> str:
 
 def cell_batches(config: HarnessConfig, min_tokens: int, max_tokens: int) -> list[RankBatch]:
     """Rank 0 holds the minimum, every other rank the maximum."""
-    rest = [RankBatch.uniform(max_tokens, 1)] * (config.dp_size - 1)
+    rest = [RankBatch.uniform(max_tokens, 1)] * (config.serving.dp_size - 1)
     return [RankBatch.uniform(min_tokens, 1), *rest]
 
 
 def cell_kind(config: HarnessConfig, min_tokens: int, max_tokens: int) -> str | None:
     """Rank 0's plan kind; None where no step has this min and max."""
-    if min_tokens > max_tokens or (config.dp_size == 1 and min_tokens != max_tokens):
+    if min_tokens > max_tokens or (config.serving.dp_size == 1 and min_tokens != max_tokens):
         return None
     return plan_without_world(config, cell_batches(config, min_tokens, max_tokens))[0].kind
 
@@ -155,12 +155,13 @@ def map_title(dmap: DecisionMap) -> str:
     c = dmap.config
     sizes = list(c.cudagraph_capture_sizes)
     shown = str(sizes) if len(sizes) <= 8 else f"[{sizes[0]} .. {sizes[-1]}] ({len(sizes)} sizes)"
-    fields = [f"dp={c.dp_size}", f"k={c.num_ubatches}", f"{c.cudagraph_mode.name}",
-              f"capture sizes {shown}", f"decode>={c.decode_threshold}",
-              f"prefill>={c.prefill_threshold}", f"guard={c.guard.value}",
-              f"twins={c.twins.value}"]
-    if c.threshold_offset_rank is not None:
-        fields.append(f"threshold +{c.threshold_offset} on rank {c.threshold_offset_rank}")
+    fields = [f"dp={c.serving.dp_size}", f"k={c.num_ubatches}", f"{c.serving.cudagraph_mode.name}",
+              f"capture sizes {shown}", f"decode>={c.serving.decode_threshold}",
+              f"prefill>={c.serving.prefill_threshold}", f"guard={c.mutation.guard.value}",
+              f"twins={c.mutation.twins.value}"]
+    if c.mutation.threshold_offset_rank is not None:
+        fields.append(f"threshold +{c.mutation.threshold_offset} on rank "
+                      f"{c.mutation.threshold_offset_rank}")
     return f"{', '.join(dmap.variants)}\n{'  '.join(fields)}"
 
 

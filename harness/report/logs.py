@@ -81,7 +81,8 @@ def _scenario(data: Any, where: str) -> Scenario:
 _EXAMPLE_FIELDS: dict[str, tuple[type, ...]] = {
     "run": (str,), "variant": (str,), "world": (str,), "ok": (bool,), "seconds": (int, float)}
 _VERDICT_FIELDS: dict[str, tuple[type, ...]] = {
-    "step": (int, type(None)), "checker": (str,), "ok": (bool,), "detail": (str,)}
+    "step": (int, type(None)), "checker": (str,), "ok": (bool,), "detail": (str,),
+    "phase": (str, type(None))}
 _FINDING_FIELDS: dict[str, tuple[type, ...]] = {
     "run": (str,), "variant": (str,), "world": (str,), "found": (bool,),
     "checker": (str, type(None)), "examples": (int,), "seconds": (int, float),

@@ -104,8 +104,8 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     columns = [MatrixColumn(k, dp, hunt) for dp in dps for hunt in hunts for k in ks]
     for row in rows:  # every cell's config is legal before minutes of fuzzing
         for column in columns:
-            HarnessConfig(**cell_fields(row, column, fixed))
-    tested = tested_vllm(HarnessConfig(**vllm)).removeprefix("vllm under test: ")
+            HarnessConfig.of(**cell_fields(row, column, fixed))
+    tested = tested_vllm(HarnessConfig.of(**vllm)).removeprefix("vllm under test: ")
     if not args.json:
         print(f"vllm under test: {tested}; {budget_text}", flush=True)
 
@@ -136,7 +136,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     markdown = matrix_markdown(cells, f"vllm under test: {tested}", budget_text)
     (out / "matrix.md").write_text(markdown)
     matrix_png(cells, out / "matrix.png", f"{tested}\n{budget_text}")
-    data = {"vllm": tested_vllm_json(HarnessConfig(**vllm)),
+    data = {"vllm": tested_vllm_json(HarnessConfig.of(**vllm)),
             "rows": [{"name": r.name, "sha256": r.hashes} for r in rows],
             "budget": budget_text, "cells": [c.to_dict() for c in cells]}
     (out / "matrix.json").write_text(json.dumps(data, indent=2) + "\n")

@@ -1,12 +1,13 @@
 """Every verdict of every example as one JSON document, plus the findings.
 
-    {"verdicts": [{"variant", "world", "run", "scenario_name", "tokens", "step", "checker",
-                   "ok", "outcome", "detail"}],
+    {"verdicts": [{"variant", "world", "run", "scenario_name", "tokens", "step", "phase",
+                   "checker", "ok", "outcome", "detail"}],
      "findings": [{"variant", "world", "run", "outcome", "passes", "found", "checker",
                    "scenario_name", "tokens", "examples", "seconds", "replay", "blob",
                    "scenario"}]}
 
-`tokens` is per step, per rank token counts; `step` null is a start-up (capture) verdict;
+`tokens` is per step, per rank token counts; `phase` is "start-up" (capture), "step" (`step`
+its index) or "scenario" (once over every step; `step` null for it and for start-up);
 `outcome` is "held", "failed" or "not applicable" (`ok` is true for both but "failed").
 """
 
@@ -39,7 +40,7 @@ def verdict_rows(example: Example) -> list[dict[str, Any]]:
     tokens = step_tokens(example.scenario)
     return [{"variant": entry.variant, "world": entry.world, "run": entry.run,
              "scenario_name": example.scenario.name, "tokens": tokens, "step": v.step,
-             "checker": v.checker, "ok": v.ok, "outcome": v.outcome,
+             "phase": v.phase_name, "checker": v.checker, "ok": v.ok, "outcome": v.outcome,
              "detail": v.detail}
             for v in entry.verdicts]
 

@@ -34,12 +34,12 @@ def branch_modes(mode: CudaGraphMode) -> tuple[CudaGraphMode | None, CudaGraphMo
 
 def capture_sizes(config: HarnessConfig) -> list[int]:
     """The capture-size ladder of §0.3: explicit sizes deduplicated and sorted, else vLLM's."""
-    if config.cudagraph_mode is NONE:
+    if config.serving.cudagraph_mode is NONE:
         return []
-    if config.capture_sizes is not None:
-        return sorted(set(config.capture_sizes))
-    q = config.decode_query_len
-    largest = min(2 * config.max_num_reqs * q, 512, config.max_num_batched_tokens)
+    if config.serving.capture_sizes is not None:
+        return sorted(set(config.serving.capture_sizes))
+    q = config.serving.decode_query_len
+    largest = min(2 * config.serving.max_num_reqs * q, 512, config.serving.max_num_batched_tokens)
     sizes = [s for s in (1, 2, 4) if s <= largest]
     s = 8
     while s < 256 and s <= largest:
@@ -49,8 +49,9 @@ def capture_sizes(config: HarnessConfig) -> list[int]:
     while s <= largest:
         sizes.append(s)
         s += 16
-    if config.max_num_batched_tokens <= largest and config.max_num_batched_tokens not in sizes:
-        sizes.append(config.max_num_batched_tokens)
+    budget = config.serving.max_num_batched_tokens
+    if budget <= largest and budget not in sizes:
+        sizes.append(budget)
     return sorted(sizes)
 
 
@@ -59,17 +60,17 @@ def capture_sizes(config: HarnessConfig) -> list[int]:
 def thresholds_hold(config: HarnessConfig, n: int, uniform_decode: bool,
                     decode_threshold: int) -> bool:
     """§3.1: inclusive, the decode threshold for a uniform decode, else the prefill one."""
-    if not (config.enable_dbo or config.ubatch_size > 1):
+    if not (config.serving.enable_dbo or config.serving.ubatch_size > 1):
         return False
-    return n >= (decode_threshold if uniform_decode else config.prefill_threshold)
+    return n >= (decode_threshold if uniform_decode else config.serving.prefill_threshold)
 
 
 def guard_says_eager(config: HarnessConfig, min_tokens: int, graph_tokens: int) -> bool:
     """§3.2: the guard variant the config selects, against G = graph_tokens."""
     k = config.num_ubatches
-    if config.guard is Guard.MERGED:
+    if config.mutation.guard is Guard.MERGED:
         return 2 * min_tokens < graph_tokens
-    if config.guard is Guard.STRICT_K2:
+    if config.mutation.guard is Guard.STRICT_K2:
         return 2 * min_tokens <= graph_tokens
     return min_tokens <= last_region_start(graph_tokens, k)
 
@@ -119,7 +120,7 @@ def dispatch(table: Sequence[GraphDescriptor], num_reqs: int, num_tokens: int,
 def twin_of(config: HarnessConfig, desc: GraphDescriptor,
             decode_threshold: int) -> GraphDescriptor | None:
     """§2.2 rule 1: the k-way twin of a FULL descriptor with padded requests, if eligible."""
-    if not (config.enable_dbo or config.ubatch_size > 1):
+    if not (config.serving.enable_dbo or config.serving.ubatch_size > 1):
         return None
     if desc.cg_mode is not FULL or desc.num_reqs is None:
         return None
@@ -140,38 +141,38 @@ def graph_table(config: HarnessConfig, rank: int) -> list[GraphDescriptor]:
     """§2.2 rules 1-3 for one rank: candidates per size, then (twins = reachable) only the
     twins a legal all-ranks-equal uniform decode reaches. The rank matters only through the
     threshold offset switch (§7.9)."""
-    decode_threshold = config.decode_threshold
-    if rank == config.threshold_offset_rank:
-        decode_threshold += config.threshold_offset
-    decode_mode, mixed_mode = branch_modes(config.cudagraph_mode)
-    q = config.decode_query_len
+    decode_threshold = config.serving.decode_threshold
+    if rank == config.mutation.threshold_offset_rank:
+        decode_threshold += config.mutation.threshold_offset
+    decode_mode, mixed_mode = branch_modes(config.serving.cudagraph_mode)
+    q = config.serving.decode_query_len
     sizes = capture_sizes(config)
     largest = max(sizes, default=0)
     table: list[GraphDescriptor] = []
     for s in sizes:
-        if decode_mode is not None and config.varlen_decode:
+        if decode_mode is not None and config.serving.varlen_decode:
             # §2.2 rule 2, varlen: one graph per size up to the decode limit, taking any mix
             # of 1..q tokens per request, bounded by max_query_len = q instead of a uct.
-            if s <= config.max_num_reqs * q:
-                table.append(GraphDescriptor(decode_mode, s, min(s, config.max_num_reqs),
+            if s <= config.serving.max_num_reqs * q:
+                table.append(GraphDescriptor(decode_mode, s, min(s, config.serving.max_num_reqs),
                                              max_query_len=q))
         elif decode_mode is not None:
             tokens = ((s + q - 1) // q) * q
             reqs = tokens // q
-            if (tokens <= config.max_num_reqs * q and tokens <= largest
-                    and reqs <= config.max_num_reqs):
+            if (tokens <= config.serving.max_num_reqs * q and tokens <= largest
+                    and reqs <= config.serving.max_num_reqs):
                 base = GraphDescriptor(decode_mode, tokens, reqs, uniform_token_count=q)
                 for desc in (base, twin_of(config, base, decode_threshold)):
                     if desc is not None and desc not in table:  # duplicates skipped here only
                         table.append(desc)
         if mixed_mode is not None:
-            reqs = min(s, config.max_num_reqs) if mixed_mode is FULL else None
+            reqs = min(s, config.serving.max_num_reqs) if mixed_mode is FULL else None
             base = GraphDescriptor(mixed_mode, s, reqs)
             table.append(base)
             twin = twin_of(config, base, decode_threshold)
             if twin is not None:
                 table.append(twin)
-    if config.twins is Twins.ALL:
+    if config.mutation.twins is Twins.ALL:
         return table
     kept = []
     for desc in table:
@@ -183,12 +184,12 @@ def graph_table(config: HarnessConfig, rank: int) -> list[GraphDescriptor]:
 def reached(config: HarnessConfig, table: Sequence[GraphDescriptor],
             twin: GraphDescriptor) -> bool:
     """§2.2 rule 3: the easiest legal batch, every rank at n tokens of uniform decodes."""
-    q = config.decode_query_len
+    q = config.serving.decode_query_len
     if twin.uniform_token_count != q:
         return False
-    n = min(twin.num_tokens, config.max_num_reqs * q, config.max_num_batched_tokens)
+    n = min(twin.num_tokens, config.serving.max_num_reqs * q, config.serving.max_num_batched_tokens)
     n -= n % q
-    if n < max(config.decode_threshold, 1):
+    if n < max(config.serving.decode_threshold, 1):
         return False
     if dispatch(table, n // q, n, q, num_ubatches=config.num_ubatches) != twin:
         return False
@@ -200,10 +201,10 @@ def reached(config: HarnessConfig, table: Sequence[GraphDescriptor],
 def spec_plans(config: HarnessConfig, batches: Sequence[RankBatch]) -> list[StepPlan]:
     """Every rank's plan for one step: the gathered matrix of §1.1, each rank's decision of
     §1.3 from it and its own batch, then padding (§2.4) and regions (§4.1)."""
-    tables = [graph_table(config, rank) for rank in range(config.dp_size)]
+    tables = [graph_table(config, rank) for rank in range(config.serving.dp_size)]
     # §1.1 rows, column r from rank r alone; the vote is the rank's own unsplit dispatch.
     # An idle rank brings vLLM's dummy batch: one request of q tokens, a uniform decode.
-    q = config.decode_query_len
+    q = config.serving.decode_query_len
     deciding = [b if b.num_tokens else RankBatch(q, 1, q, b.allow_ubatching, (q,), q,
                                                  b.allow_skip_drafts) for b in batches]
     tokens, votes, ucts, max_query_lens, allows, reqs = [], [], [], [], [], []
@@ -231,7 +232,7 @@ def decide(config: HarnessConfig, table: Sequence[GraphDescriptor], batch: RankB
            tokens: list[int], votes: list[int], ucts: list[int], max_query_lens: list[int],
            allows: list[int], reqs: list[int]) -> tuple[GraphDescriptor, DpSyncState | None]:
     """§1.2-§1.3 for one rank: the descriptor and the DP state (the decision table §2.3)."""
-    dp, k, q = len(tokens), config.num_ubatches, config.decode_query_len
+    dp, k, q = len(tokens), config.num_ubatches, config.serving.decode_query_len
     # §1.2: synced values come from every column, never from one rank's.
     synced_uct = ucts[0] if ucts[0] != 0 and all(u == ucts[0] for u in ucts) else None
     own_uct = batch.uniform_token_count or 0
@@ -239,11 +240,11 @@ def decide(config: HarnessConfig, table: Sequence[GraphDescriptor], batch: RankB
     min_tokens, max_tokens, max_reqs = min(tokens), max(tokens), max(reqs)
     # 2: thresholds are monotone in n, so they are tested on the smallest rank (§3.1).
     # ubatch_vote rank-local (§7.15): this rank also leaves if it has fewer requests than k.
-    alone = config.ubatch_vote.value == "rank-local" and batch.num_reqs < k
+    alone = config.mutation.ubatch_vote.value == "rank-local" and batch.num_reqs < k
     if all(a == 1 for a in allows) and not alone and thresholds_hold(
-            config, min_tokens, uniform_decode, config.decode_threshold):
+            config, min_tokens, uniform_decode, config.serving.decode_threshold):
         desc = None
-        if config.cudagraph_mode is not NONE:  # 2a: a k-way dispatch of the largest rank
+        if config.serving.cudagraph_mode is not NONE:  # 2a: a k-way dispatch of the largest rank
             graph = dispatch(table, batch.num_reqs, max_tokens, synced_uct, num_ubatches=k)
             # a k-way dispatch only ever answers a twin or NONE at max_tokens (§2.3 note)
             if graph.cg_mode is not NONE and not guard_says_eager(config, min_tokens,
@@ -259,7 +260,7 @@ def decide(config: HarnessConfig, table: Sequence[GraphDescriptor], batch: RankB
                 DpSyncState(tuple(tokens), synced_uct, eager=True, num_reqs=max_reqs))
     # 4 / T4-T6: one unsplit dispatch of the largest rank; no graph means eager at max.
     synced_mql = None if -1 in max_query_lens else max(max_query_lens)
-    if config.query_len_bound.value == "rank-local":  # §7.17: the rank's own bound
+    if config.mutation.query_len_bound.value == "rank-local":  # §7.17: the rank's own bound
         synced_mql = batch.max_query_len
     desc = dispatch(table, batch.num_reqs, max_tokens, synced_uct, synced_mql)
     state_reqs = desc.num_reqs if desc.cg_mode is FULL else max_reqs

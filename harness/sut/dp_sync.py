@@ -36,7 +36,7 @@ class SyncDecision:
 def local_column(table: GraphTable, batch: RankBatch) -> tuple[int, ...]:
     """This rank's column: tokens, graph-mode vote, uct, max query len (-1: a prefill), allow,
     requests, skip-drafts vote (an idle rank's from its dummy batch)."""
-    batch = deciding_batch(batch, table.config.decode_query_len)
+    batch = deciding_batch(batch, table.config.serving.decode_query_len)
     vote = table.dispatch(batch.num_reqs, batch.num_tokens, batch.uniform_token_count,
                           batch.max_query_len).cg_mode
     max_query_len = batch.max_query_len
@@ -48,13 +48,13 @@ def local_column(table: GraphTable, batch: RankBatch) -> tuple[int, ...]:
 def decide_from_matrix(config: HarnessConfig, table: GraphTable,
                        rows: Sequence[Sequence[int]], batch: RankBatch) -> SyncDecision:
     """The decision of one rank from the gathered matrix and its own (or dummy) batch."""
-    batch = deciding_batch(batch, config.decode_query_len)
+    batch = deciding_batch(batch, config.serving.decode_query_len)
     tokens, votes, ucts, max_query_lens, allows, reqs, skips = (list(r) for r in rows)
     local_uct = batch.uniform_token_count or 0
     synced_uct = ucts[0] if ucts[0] != 0 and all(u == ucts[0] for u in ucts) else None
     skip_drafts = all(s == 1 for s in skips)
     if all(a == 1 for a in allows):
-        uniform_decode = (batch.uniform_token_count == config.decode_query_len
+        uniform_decode = (batch.uniform_token_count == config.serving.decode_query_len
                           and all(u == local_uct for u in ucts))
         min_tokens = min(tokens)
         if ubatch_thresholds_met(config, min_tokens, uniform_decode) and not (
@@ -70,7 +70,7 @@ def decide_from_matrix(config: HarnessConfig, table: GraphTable,
     # Varlen decode graphs are chosen by the bound, so every rank dispatches with the synced
     # one: the largest, or none when some rank has a prefill (docs/spec.md §1.6).
     synced_max_query_len = None if -1 in max_query_lens else max(max_query_lens)
-    if config.query_len_bound is QueryLenBound.RANK_LOCAL:
+    if config.mutation.query_len_bound is QueryLenBound.RANK_LOCAL:
         synced_max_query_len = batch.max_query_len  # the slip of §7.17
     desc = table.dispatch(batch.num_reqs, max(tokens), synced_uct, synced_max_query_len)
     num_reqs = desc.num_reqs if desc.cg_mode is CudaGraphMode.FULL else max(reqs)
@@ -82,7 +82,7 @@ def decide_from_matrix(config: HarnessConfig, table: GraphTable,
 def opts_out_alone(config: HarnessConfig, batch: RankBatch) -> bool:
     """ubatch_vote rank-local: a rank with fewer requests than microbatches leaves the split
     on its own, a value no other rank consults (vLLM PR #50945's review: a deadlock)."""
-    return (config.ubatch_vote is UbatchVote.RANK_LOCAL
+    return (config.mutation.ubatch_vote is UbatchVote.RANK_LOCAL
             and batch.num_reqs < config.num_ubatches)
 
 
@@ -93,9 +93,9 @@ def _microbatched(config: HarnessConfig, table: GraphTable, tokens: list[int], r
     k = config.num_ubatches
     largest, smallest = max(tokens), min(tokens)
     desc: GraphDescriptor | None = None
-    if config.cudagraph_mode is not CudaGraphMode.NONE:
+    if config.serving.cudagraph_mode is not CudaGraphMode.NONE:
         desc = table.dispatch(batch.num_reqs, largest, synced_uct, num_ubatches=k)
-        if guard_sends_to_eager(config.guard, smallest, desc.num_tokens, k):
+        if guard_sends_to_eager(config.mutation.guard, smallest, desc.num_tokens, k):
             desc = None
     if desc is None:
         desc = GraphDescriptor(CudaGraphMode.NONE, largest, batch.num_reqs, num_ubatches=k)
@@ -112,7 +112,7 @@ def _microbatched(config: HarnessConfig, table: GraphTable, tokens: list[int], r
 def sync_dp(group, config: HarnessConfig, table: GraphTable, rank: int, batch: RankBatch,
             timeout_s: float, log: CollectiveLog | None = None) -> SyncDecision:
     """Run the DP sync for this rank over `group` (a gloo process group of dp_size ranks)."""
-    matrix = torch.zeros(NUM_ROWS, config.dp_size, dtype=torch.int32)
+    matrix = torch.zeros(NUM_ROWS, config.serving.dp_size, dtype=torch.int32)
     matrix[:, rank] = torch.tensor(local_column(table, batch), dtype=torch.int32)
     all_reduce_sum(group, matrix, timeout_s, log)
     return decide_from_matrix(config, table, matrix.tolist(), batch)

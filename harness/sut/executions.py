@@ -20,8 +20,8 @@ def register_execution(execution: Execution, runtime_class: Callable[[], type]) 
 def rank_runtime_class(config: HarnessConfig) -> type:
     """The class a rank builds for `config`: same constructor keywords as RankRuntime, and
     its startup / step / reset_state."""
-    runtime_class = _EXECUTIONS.get(config.execution)
+    runtime_class = _EXECUTIONS.get(config.system.execution)
     if runtime_class is None:
         raise ConfigError("execution", f"no execution code is registered for "
-                          f"{config.execution.value} in this process")
+                          f"{config.system.execution.value} in this process")
     return runtime_class()

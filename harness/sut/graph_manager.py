@@ -53,14 +53,14 @@ class GraphManager:
         self.pool = backend.new_pool()
         # A non-default stream for graphs that are not microbatched (vLLM's graph_capture).
         self.graph_stream = streams.new_stream("graph")
-        self.whole_step_meta = UbatchMetadata(config.max_num_reqs, streams.device)
+        self.whole_step_meta = UbatchMetadata(config.serving.max_num_reqs, streams.device)
         # Keyed by `store_key`; dispatch looks a graph up by its own descriptor.
         self.captured: dict[GraphDescriptor, CapturedGraph] = {}
 
     def store_key(self, desc: GraphDescriptor) -> GraphDescriptor:
         """The key a captured graph is stored under: its descriptor, or (capture_key
         first-two, vLLM issue #43145) the tokens of its first two microbatches only."""
-        if not desc.microbatched or self.config.capture_key is CaptureKey.TOTAL:
+        if not desc.microbatched or self.config.mutation.capture_key is CaptureKey.TOTAL:
             return desc
         first_two = sum(end - start for start, end in region_bounds(
             desc.num_tokens, desc.num_ubatches)[:2])
@@ -73,7 +73,7 @@ class GraphManager:
     def capture_stream_for(self, desc: GraphDescriptor):
         if not desc.microbatched:
             return self.graph_stream
-        if self.config.capture_on is CaptureOn.SIDE:
+        if self.config.mutation.capture_on is CaptureOn.SIDE:
             # The draft's bug: torch.cuda.graph's own side stream, not the threads' stream.
             return self.streams.new_stream(f"side-{desc.label()}")
         return self.runner.capture_stream
@@ -88,7 +88,7 @@ class GraphManager:
                     self._warmup_and_capture(desc)
 
     def _dummy_step(self, desc: GraphDescriptor) -> tuple[StepBuffers, tuple[int, ...]]:
-        buffers = StepBuffers(desc.num_tokens, desc.num_reqs, self.config.hidden_size,
+        buffers = StepBuffers(desc.num_tokens, desc.num_reqs, self.config.model.hidden_size,
                               self.cache.scratch_slot, self.streams.device)
         lens = dummy_query_lens(desc.num_reqs, desc.num_tokens)
         scratch = self.cache.scratch_slot

@@ -40,12 +40,12 @@ def ubatch_twin(config: HarnessConfig, desc: GraphDescriptor,
 
 def _capture_candidates(config: HarnessConfig, rank: int) -> list[GraphDescriptor]:
     """Descriptors in vLLM's generation order: per size, decode branch then mixed branch."""
-    mode = config.cudagraph_mode
+    mode = config.serving.cudagraph_mode
     if mode is CudaGraphMode.NONE:
         return []
     decode_mode, mixed_mode = mode.decode_mode(), mode.mixed_mode()
-    q = config.decode_query_len
-    max_decode_tokens = config.max_num_reqs * q
+    q = config.serving.decode_query_len
+    max_decode_tokens = config.serving.max_num_reqs * q
     threshold = config.decode_threshold_for_rank(rank)
     out: list[GraphDescriptor] = []
 
@@ -55,22 +55,23 @@ def _capture_candidates(config: HarnessConfig, rank: int) -> list[GraphDescripto
 
     for size in config.cudagraph_capture_sizes:
         if (mode.separate_routine() and decode_mode is not CudaGraphMode.NONE
-                and config.varlen_decode):
+                and config.serving.varlen_decode):
             # Varlen decode graphs (vLLM's varlen_decode, docs/spec.md §2.2 rule 2): any mix
             # of 1..q tokens per request, so as many requests as tokens (up to the limit).
             if size <= max_decode_tokens:
-                add(GraphDescriptor(decode_mode, size, min(size, config.max_num_reqs),
+                add(GraphDescriptor(decode_mode, size, min(size, config.serving.max_num_reqs),
                                     max_query_len=q), dedupe=False)
         elif mode.separate_routine() and decode_mode is not CudaGraphMode.NONE:
             tokens = -(-size // q) * q
             reqs = tokens // q
             if (tokens <= max_decode_tokens and tokens <= config.max_capture_size
-                    and reqs <= config.max_num_reqs):
+                    and reqs <= config.serving.max_num_reqs):
                 desc = GraphDescriptor(decode_mode, tokens, reqs, uniform_token_count=q)
                 add(desc, dedupe=True)
                 add(ubatch_twin(config, desc, threshold), dedupe=True)
         if mixed_mode is not CudaGraphMode.NONE:
-            reqs = min(size, config.max_num_reqs) if mixed_mode is CudaGraphMode.FULL else None
+            reqs = (min(size, config.serving.max_num_reqs) if mixed_mode is CudaGraphMode.FULL
+                    else None)
             desc = GraphDescriptor(mixed_mode, size, reqs)
             add(desc, dedupe=False)
             add(ubatch_twin(config, desc, threshold), dedupe=False)
@@ -93,7 +94,7 @@ class GraphTable:
     @classmethod
     def build(cls, config: HarnessConfig, rank: int = 0) -> GraphTable:
         table = cls(config, rank, tuple(_capture_candidates(config, rank)))
-        if config.twins is Twins.REACHABLE:
+        if config.mutation.twins is Twins.REACHABLE:
             unreachable = set(table.unreachable_twins())
             table = cls(config, rank, tuple(d for d in table.descriptors if d not in unreachable))
         return table
@@ -137,18 +138,18 @@ class GraphTable:
         All ranks at one count n is the easiest case for the guard (it looks at the minimum,
         dispatch at the maximum), and the largest n <= the twin's size is the easiest n.
         """
-        q = self.config.decode_query_len
+        q = self.config.serving.decode_query_len
         k = self.config.num_ubatches
         if twin.uniform_token_count != q:
             return None  # replay needs this exact query length: only spec decode makes uct > 1
-        largest = min(twin.num_tokens, self.config.max_num_reqs * q,
-                      self.config.max_num_batched_tokens)
+        largest = min(twin.num_tokens, self.config.serving.max_num_reqs * q,
+                      self.config.serving.max_num_batched_tokens)
         n = largest - largest % q
-        if n < max(self.config.decode_threshold, 1):
+        if n < max(self.config.serving.decode_threshold, 1):
             return None
         if self.dispatch(n // q, n, q, num_ubatches=k) != twin:
             return None
-        if guard_sends_to_eager(self.config.guard, n, twin.num_tokens, k):
+        if guard_sends_to_eager(self.config.mutation.guard, n, twin.num_tokens, k):
             return None
         return n
 

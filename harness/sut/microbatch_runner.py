@@ -62,10 +62,11 @@ class MicrobatchRunner:
         self.warm_cublas = warm_cublas
         # One metadata pair per microbatch: all microbatches are live at once, and a graph
         # reads them at fixed addresses.
-        self.metas = [UbatchMetadata(config.max_num_reqs, streams.device)
+        self.metas = [UbatchMetadata(config.serving.max_num_reqs, streams.device)
                       for _ in range(self.num_ubatches)]
         self.capture_stream = streams.new_stream("ubatch-capture")
-        self.threads = MicrobatchThreads(config.protocol.value, hang_timeout_s=hang_timeout_s,
+        self.threads = MicrobatchThreads(config.mutation.protocol.value,
+                                         hang_timeout_s=hang_timeout_s,
                                          barrier_timeout_s=hang_timeout_s)
         self._pending_finish: Callable[[], None] | None = None
 

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import torch
 
-from harness.batch import deciding_batch
+from harness.batch import RankBatch, deciding_batch
 from harness.bug_switches import DummyPadding, EagerSlices
 from harness.config import CudaGraphMode, HarnessConfig
 from harness.faults import Fault, FaultKind, InjectedFault
@@ -29,7 +29,6 @@ from harness.runtime.comm import CollectiveLog, EagerAllToAll, LoggedAllToAll
 from harness.runtime.device_fence import DeviceFence, DeviceWedged
 from harness.runtime.graphs import make_graph_backend
 from harness.runtime.streams import CpuStreams, CudaStreams, make_streams
-from harness.scenario import RankStep
 from harness.sut import systems
 from harness.sut.graph_manager import GraphManager
 from harness.sut.microbatch_runner import MicrobatchRunner
@@ -82,7 +81,7 @@ class RankRuntime:
         self.model = MiniMoE(config, rank, LoggedAllToAll(
             EagerAllToAll(group, collective_timeout_s, host_synced=emulated_graphs),
             self.log), device=self.device)
-        self.cache = StateCache(config.max_num_reqs, config.hidden_size, self.device)
+        self.cache = StateCache(config.serving.max_num_reqs, config.model.hidden_size, self.device)
         self.cache.state.copy_(initial_state(config, rank))
         self.runner = MicrobatchRunner(config, self.streams, hang_timeout_s,
                                        warm_cublas=warm_cublas)
@@ -124,11 +123,10 @@ class RankRuntime:
                                        reached))
         return tuple(records)
 
-    def step(self, index: int, requests: Sequence[RequestSpec], rank_step: RankStep,
+    def step(self, index: int, requests: Sequence[RequestSpec], batch: RankBatch,
              faults: Sequence[Fault] = ()) -> StepRecord:
         start = time.monotonic()
-        batch = rank_step.batch(self.config.decode_query_len)
-        lens = rank_step.query_lens
+        lens = batch.request_query_lens()
         mark = self.log.mark()
         plan, executed, captured_split, replay_split, fingerprint = None, "failed", (), (), ()
         replayed = None  # the descriptor of the graph whose replay ran
@@ -169,7 +167,7 @@ class RankRuntime:
             replay_split=tuple(span(s) for s in replay_split),
             fingerprint=fingerprint, routes=self._received_routes(ran, error is None),
             replayed=replayed, ran_split=tuple(span(s) for s in ran),
-            a2a_tokens_per_rank=self.model.capacity // self.config.top_k,
+            a2a_tokens_per_rank=self.model.capacity // self.config.model.top_k,
             # A wedged device would block any read; its rows are left out.
             outputs=() if wedged else rows_of(outputs),
             state=() if wedged else rows_of(self.cache.state),
@@ -186,9 +184,9 @@ class RankRuntime:
     def _dummy_unpadded(self, plan, batch):
         """What the rank runs: its plan, or with dummy_padding unpadded (vLLM issue #26137) an
         idle rank's dummy batch at its own size, dispatched by its own tokens."""
-        if self.config.dummy_padding is not DummyPadding.UNPADDED or batch.num_tokens:
+        if self.config.mutation.dummy_padding is not DummyPadding.UNPADDED or batch.num_tokens:
             return plan
-        dummy = deciding_batch(batch, self.config.decode_query_len)
+        dummy = deciding_batch(batch, self.config.serving.decode_query_len)
         desc = self.table.dispatch(dummy.num_reqs, dummy.num_tokens, dummy.uniform_token_count,
                                    dummy.max_query_len)
         if desc.cg_mode is not CudaGraphMode.FULL or self.manager.lookup(desc) is None:
@@ -199,7 +197,7 @@ class RankRuntime:
     def _eager_reqs(self, plan) -> int:
         """Requests an eager step pads to: the plan's (a NONE descriptor pads none), or with
         eager_slices graph-padded (vLLM PR #29933) the synced count, as a graph would."""
-        if (self.config.eager_slices is EagerSlices.GRAPH_PADDED and plan.desc.microbatched
+        if (self.config.mutation.eager_slices is EagerSlices.GRAPH_PADDED and plan.desc.microbatched
                 and plan.state is not None):
             return max(plan.num_reqs, plan.state.num_reqs)
         return plan.num_reqs
@@ -207,7 +205,7 @@ class RankRuntime:
     def _eager_buffers(self, num_tokens: int, num_reqs: int,
                        requests: Sequence[RequestSpec]) -> StepBuffers:
         # An idle rank still joins the expert all-to-alls, with one padding token.
-        buffers = StepBuffers(max(num_tokens, 1), max(num_reqs, 1), self.config.hidden_size,
+        buffers = StepBuffers(max(num_tokens, 1), max(num_reqs, 1), self.config.model.hidden_size,
                               self.cache.scratch_slot, self.device)
         if requests:
             buffers.fill(requests)

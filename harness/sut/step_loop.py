@@ -6,13 +6,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from harness.batch import RankBatch
 from harness.model.state import RequestSpec
-from harness.scenario import RankStep, Scenario
+from harness.scenario import Scenario
 
 T = TypeVar("T")
 
-# (step index, every rank's requests, every rank's step) -> what the caller keeps of it
-StepFn = Callable[[int, Sequence[Sequence[RequestSpec]], Sequence[RankStep]], T]
+# (step index, every rank's requests, what every rank is given) -> what the caller keeps
+StepFn = Callable[[int, Sequence[Sequence[RequestSpec]], Sequence[RankBatch]], T]
 
 
 def run_steps(scenario: Scenario, step: StepFn[T], go_on: Callable[[T], bool]) -> list[T]:

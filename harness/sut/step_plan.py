@@ -42,7 +42,7 @@ def plan_without_world(config: HarnessConfig, batches: Sequence[RankBatch]) -> l
 
     Same decision code as `decide_on_rank`; for exhaustive enumeration and property tests.
     """
-    tables = [graph_table_for(config, rank) for rank in range(config.dp_size)]
+    tables = [graph_table_for(config, rank) for rank in range(config.serving.dp_size)]
     rows = gathered_rows(tables, batches)
     return [plan_step(rank, batch, decide_from_matrix(config, tables[rank], rows, batch))
             for rank, batch in enumerate(batches)]

@@ -44,9 +44,9 @@ def register(system: DecisionSystem, code: DecisionCode) -> None:
 
 
 def _code(config: HarnessConfig) -> DecisionCode:
-    code = _REGISTERED.get(config.sut)
+    code = _REGISTERED.get(config.system.sut)
     if code is None:
-        raise ConfigError("sut", f"no decision code is registered for {config.sut.value} in "
+        raise ConfigError("sut", f"no decision code is registered for {config.system.sut.value} in "
                           "this process")
     return code
 
@@ -73,7 +73,7 @@ def plans_without_world(config: HarnessConfig, batches: Sequence[RankBatch]) -> 
 
 def reference_config(config: HarnessConfig) -> HarnessConfig | None:
     """The harness's reference behaviour to hold another system to (None: it is the harness)."""
-    if config.sut is DecisionSystem.HARNESS:
+    if config.system.sut is DecisionSystem.HARNESS:
         return None
     return config.with_changes(sut=DecisionSystem.HARNESS, vllm_src=None, vllm_patches=(),
                                differential_against_base=False)
@@ -83,7 +83,8 @@ def base_config(config: HarnessConfig) -> HarnessConfig | None:
     """The unpatched vLLM a patched one is held against (`differential_against_base`): the
     same tree without the patches; a checkout without patches against the vllm that imports.
     None when no such comparison was asked for."""
-    if not config.differential_against_base:
+    if not config.system.differential_against_base:
         return None
-    return config.with_changes(vllm_src=config.vllm_src if config.vllm_patches else None,
+    system = config.system
+    return config.with_changes(vllm_src=system.vllm_src if system.vllm_patches else None,
                                vllm_patches=(), differential_against_base=False)

@@ -11,9 +11,10 @@ def ubatch_thresholds_met(config: HarnessConfig, num_tokens: int, uniform_decode
     if not config.use_ubatching:
         return False
     if uniform_decode:
-        threshold = config.decode_threshold if decode_threshold is None else decode_threshold
+        threshold = (config.serving.decode_threshold if decode_threshold is None
+                     else decode_threshold)
         return num_tokens >= threshold
-    return num_tokens >= config.prefill_threshold
+    return num_tokens >= config.serving.prefill_threshold
 
 
 def last_region_start(num_tokens: int, num_ubatches: int) -> int:

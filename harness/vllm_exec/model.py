@@ -111,7 +111,7 @@ class VllmStyleMoE(MiniMoE):
         super().__init__(config, rank, all_to_all, device=device)
         self.u = ubatching
         self.stream_log = stream_log
-        self.switch_sync = config.switch_to_compute is SwitchToCompute.SYNC
+        self.switch_sync = config.mutation.switch_to_compute is SwitchToCompute.SYNC
         self.overlap = _VllmOverlap(ubatching)
         self.trace = StepTrace()
         self.faults: dict[int, set[FaultKind]] = {}
@@ -239,5 +239,5 @@ class MiniModel:
 
 
 def all2all_style(config: HarnessConfig) -> str:
-    return ("high-throughput" if config.all2all_backend is All2AllBackend.HIGH_THROUGHPUT
+    return ("high-throughput" if config.serving.all2all_backend is All2AllBackend.HIGH_THROUGHPUT
             else "low-latency")

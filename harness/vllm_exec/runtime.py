@@ -25,6 +25,7 @@ from vllm.config.compilation import CUDAGraphMode as VllmMode
 from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
 from vllm.v1.worker.gpu.input_batch import InputBuffers
 
+from harness.batch import RankBatch
 from harness.config import CudaGraphMode, HarnessConfig
 from harness.faults import Fault, FaultKind, InjectedFault
 from harness.history.decision import GraphDescriptor
@@ -39,7 +40,6 @@ from harness.history.step_error import error_of
 from harness.model.state import RequestSpec, StateCache, initial_state
 from harness.runtime.comm import CollectiveLog, EagerAllToAll, LoggedAllToAll
 from harness.runtime.device_fence import DeviceFence
-from harness.scenario import RankStep
 from harness.sut import systems
 from harness.sut.rank_runtime import decide_under_rank_faults, settled
 from harness.vllm_exec.inputs import (
@@ -89,17 +89,17 @@ class VllmExecRuntime:
         self.moe = VllmStyleMoE(config, rank, LoggedAllToAll(
             EagerAllToAll(group, collective_timeout_s), self.log), self.code.ubatching,
             device=self.device, stream_log=self.stand_ins.stream_log)
-        self.cache = StateCache(config.max_num_reqs, config.hidden_size, self.device)
+        self.cache = StateCache(config.serving.max_num_reqs, config.model.hidden_size, self.device)
         self.cache.state.copy_(initial_state(config, rank))
         self.model = MiniModel(self.moe, self.cache, forward_context)
         self.table = systems.graph_table(config, rank)
         self.vllm_config = _for_rank(vllm_configs(config), rank)
-        self.model_state = MiniModelState(config.max_num_reqs, config.num_ubatches,
+        self.model_state = MiniModelState(config.serving.max_num_reqs, config.num_ubatches,
                                           self.cache.scratch_slot, self.device)
-        self.buffers = InputBuffers(config.max_num_reqs, config.max_num_batched_tokens,
-                                    self.device)
-        self.block_tables = DummyBlockTables(config.max_num_reqs, config.max_num_batched_tokens,
-                                             self.device)
+        self.buffers = InputBuffers(config.serving.max_num_reqs,
+                                    config.serving.max_num_batched_tokens, self.device)
+        self.block_tables = DummyBlockTables(config.serving.max_num_reqs,
+                                             config.serving.max_num_batched_tokens, self.device)
         self.runner = self._build_runner()
         self.manager = self._build_manager()
         # On CUDA, results are read only once the device work is known to be done: a peer
@@ -116,7 +116,7 @@ class VllmExecRuntime:
             return None  # as vLLM's maybe_build_ubatch_runner decides
         runner = self.code.runner_module.UBatchRunner(
             self.vllm_config, self.device, self.model_state, ATTN_GROUPS,
-            KV_CACHE_CONFIG, self.config.max_num_reqs)
+            KV_CACHE_CONFIG, self.config.serving.max_num_reqs)
         prepare = runner.prepare
 
         def prepare_and_note(*args, **kwargs):
@@ -135,8 +135,8 @@ class VllmExecRuntime:
                 if d.cg_mode is CudaGraphMode.FULL]
         mode = VllmMode.FULL if full else VllmMode.NONE
         manager = self.code.cudagraph_utils.ModelCudaGraphManager(
-            self.vllm_config, self.device, mode, self.config.decode_query_len,
-            varlen_decode=self.config.varlen_decode, ubatch_runner=self.runner)
+            self.vllm_config, self.device, mode, self.config.serving.decode_query_len,
+            varlen_decode=self.config.serving.varlen_decode, ubatch_runner=self.runner)
         manager._capture_descs = {VllmMode.FULL: full} if full else {}
         return manager
 
@@ -196,10 +196,9 @@ class VllmExecRuntime:
 
     # -- a step ----------------------------------------------------------------------------
 
-    def step(self, index: int, requests: Sequence[RequestSpec], rank_step: RankStep,
+    def step(self, index: int, requests: Sequence[RequestSpec], batch: RankBatch,
              faults: Sequence[Fault] = ()) -> StepRecord:
         start = time.monotonic()
-        batch = rank_step.batch(self.config.decode_query_len)
         mark, events = self.log.mark(), len(self.stand_ins.event_log)
         order = self.stand_ins.stream_log.mark()
         trace = self.moe.arm(faults)
@@ -229,7 +228,7 @@ class VllmExecRuntime:
             replay_split=ran.replay_split if ran else (),
             fingerprint=fingerprint, routes=self._routes(ran) if ran and readable else (),
             replayed=ran.replayed if ran else None, ran_split=ran.split if ran else (),
-            a2a_tokens_per_rank=self.moe.capacity // self.config.top_k,
+            a2a_tokens_per_rank=self.moe.capacity // self.config.model.top_k,
             # A wedged device would block any read; its rows are left out.
             outputs=rows_of(ran.outputs) if ran and readable else (),
             state=rows_of(self.cache.state) if readable else (),

@@ -49,7 +49,7 @@ def vllm_graph_manager(config: HarnessConfig):
     # vLLM builds a UBatchRunner only with microbatching on and DP > 1 (maybe_build_ubatch_runner).
     runner = (_UBatchRunnerStandIn()
               if parallel.use_ubatching and parallel.data_parallel_size > 1 else None)
-    mode = VllmMode[config.cudagraph_mode.name]
+    mode = VllmMode[config.serving.cudagraph_mode.name]
     first_and_last_stage = SimpleNamespace(is_first_rank=True, is_last_rank=True)
     with _BUILD_LOCK, \
             mock.patch.object(cudagraph_utils, "get_pp_group", lambda: first_and_last_stage), \
@@ -58,8 +58,8 @@ def vllm_graph_manager(config: HarnessConfig):
         # No pipeline parallel world and no CUDA graph pool exist on a CPU machine.
         # varlen_decode: what model_runner.py passes when adaptive verification is on.
         manager = cudagraph_utils.CudaGraphManager(
-            configs, torch.device("cpu"), mode, decode_query_len=config.decode_query_len,
-            varlen_decode=config.varlen_decode, ubatch_runner=runner)
+            configs, torch.device("cpu"), mode, decode_query_len=config.serving.decode_query_len,
+            varlen_decode=config.serving.varlen_decode, ubatch_runner=runner)
     # Nothing is captured; dispatch only needs to believe capture has finished.
     manager._graphs_captured = True
     return manager

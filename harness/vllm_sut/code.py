@@ -91,14 +91,14 @@ class VllmCode:
 
 
 def code_key(config: HarnessConfig) -> CodeKey:
-    return CodeKey(config.vllm_src, config.vllm_patches)
+    return CodeKey(config.system.vllm_src, config.system.vllm_patches)
 
 
 def base_key(config: HarnessConfig) -> CodeKey:
     """What a patched (or checked-out) vLLM is held against: the same tree without the
     patches; a checkout without patches against the vllm that imports."""
-    if config.vllm_patches:
-        return CodeKey(config.vllm_src, ())
+    if config.system.vllm_patches:
+        return CodeKey(config.system.vllm_src, ())
     return CodeKey()
 
 

@@ -91,31 +91,31 @@ def _build(field: str, build: Any, **kwargs: Any) -> Any:
 @lru_cache(maxsize=64)
 def vllm_configs(config: HarnessConfig) -> VllmConfigSlice:
     """vLLM's configs for `config`; ConfigError (naming the harness field) when vLLM says no."""
-    if config.decode_query_len != 1 and config.use_ubatching:
+    if config.serving.decode_query_len != 1 and config.use_ubatching:
         # VllmConfig._get_dbo_unsupported_features lists speculative decoding.
         raise ConfigError("decode_query_len", "vLLM rejects speculative decoding with DBO")
     parallel = _build(
         "num_ubatches", ParallelConfig,
-        data_parallel_size=config.dp_size,
-        enable_dbo=config.enable_dbo,
-        ubatch_size=config.ubatch_size,
-        dbo_decode_token_threshold=config.decode_threshold,
-        dbo_prefill_token_threshold=config.prefill_threshold,
-        all2all_backend=config.all2all_backend.value,
+        data_parallel_size=config.serving.dp_size,
+        enable_dbo=config.serving.enable_dbo,
+        ubatch_size=config.serving.ubatch_size,
+        dbo_decode_token_threshold=config.serving.decode_threshold,
+        dbo_prefill_token_threshold=config.serving.prefill_threshold,
+        all2all_backend=config.serving.all2all_backend.value,
     )
     scheduler = _build(
         "max_num_batched_tokens", SchedulerConfig.default_factory,
-        max_num_seqs=config.max_num_reqs,
-        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_num_seqs=config.serving.max_num_reqs,
+        max_num_batched_tokens=config.serving.max_num_batched_tokens,
     )
     # Left out (not None) when the harness has no sizes: vLLM then builds its default ladder.
-    sizes = {} if config.capture_sizes is None else {
-        "cudagraph_capture_sizes": list(config.capture_sizes)}
+    sizes = {} if config.serving.capture_sizes is None else {
+        "cudagraph_capture_sizes": list(config.serving.capture_sizes)}
     compilation = _build(
         "cudagraph_mode", CompilationConfig,
-        cudagraph_mode=CUDAGraphMode[config.cudagraph_mode.name], **sizes,
+        cudagraph_mode=CUDAGraphMode[config.serving.cudagraph_mode.name], **sizes,
     )
-    q = config.decode_query_len
+    q = config.serving.decode_query_len
     configs = VllmConfigSlice(parallel, scheduler, compilation, CacheConfig(),
                               vllm_code(config).ubatch_utils.get_num_ubatches,
                               num_speculative_tokens=q - 1, uniform_decode_query_len=q)

@@ -50,7 +50,7 @@ def contribution(config: HarnessConfig, rank: int, batch: RankBatch) -> torch.Te
     except _AllReduceReached as reached:
         return reached.tensor
     raise RuntimeError(f"vLLM's sync for rank {rank} returned without an all-reduce "
-                       f"(dp_size {config.dp_size})")
+                       f"(dp_size {config.serving.dp_size})")
 
 
 def vllm_plans_without_world(config: HarnessConfig,

@@ -111,19 +111,19 @@ def vllm_sync(group, config: HarnessConfig, rank: int, batch: RankBatch,
 def sync_with(stand_in, config: HarnessConfig, rank: int, batch: RankBatch) -> SyncDecision:
     """vLLM's dispatch_cg_and_sync_dp for this rank, its all-reduce done by `stand_in`; an
     idle rank syncs its dummy batch, as vLLM's execute_dummy_batch does."""
-    batch = deciding_batch(batch, config.decode_query_len)
+    batch = deciding_batch(batch, config.serving.decode_query_len)
     configs = vllm_configs(config)
     manager = vllm_graph_manager(config)
     dp_utils = vllm_code(config).dp_utils
     uct = batch.uniform_token_count
     with dp_group_of_this_thread(dp_utils)(stand_in):
         desc, state = dp_utils.dispatch_cg_and_sync_dp(
-            manager, batch.num_reqs, batch.num_tokens, uct, config.dp_size, rank,
+            manager, batch.num_reqs, batch.num_tokens, uct, config.serving.dp_size, rank,
             max_query_len=batch.max_query_len,
             parallel_config=configs.parallel_config,
             # The runner allows microbatching iff it has a UBatchRunner (not a profile run).
             allow_ubatching=batch.allow_ubatching and manager.ubatch_runner is not None,
-            uniform_decode=uct == config.decode_query_len,
+            uniform_decode=uct == config.serving.decode_query_len,
             allow_skip_drafts=batch.allow_skip_drafts,
         )
     if state is None:

@@ -17,7 +17,7 @@ def _graph_table(config: HarnessConfig, rank: int) -> GraphTable:
     # A checkout given where no vllm is installed must be on the path before vLLM imports.
     from harness.vllm_sut.code import ensure_vllm_importable
 
-    ensure_vllm_importable(config.vllm_src)
+    ensure_vllm_importable(config.system.vllm_src)
     from harness.vllm_sut.candidates import vllm_capture_order
 
     return GraphTable(config, rank, vllm_capture_order(config))
@@ -33,7 +33,7 @@ def _decide(group, config: HarnessConfig, rank: int, batch: RankBatch, timeout_s
 def _plans_without_world(config: HarnessConfig, batches: Sequence[RankBatch]) -> list[StepPlan]:
     from harness.vllm_sut.code import ensure_vllm_importable
 
-    ensure_vllm_importable(config.vllm_src)
+    ensure_vllm_importable(config.system.vllm_src)
     from harness.vllm_sut.offline import vllm_plans_without_world
 
     return vllm_plans_without_world(config, batches)

@@ -45,7 +45,7 @@ def world_for(kind: str, config) -> str:
     world hands such scenarios to a torchrun world of the same size."""
     from harness.config import Execution
 
-    if kind == "sim" and config.execution is Execution.VLLM:
+    if kind == "sim" and config.system.execution is Execution.VLLM:
         return "torchrun"
     return kind
 

@@ -29,7 +29,7 @@ class WorldPool:
             self._open(self.kind, nproc)
 
     def run(self, scenario: Scenario) -> ScenarioHistory:
-        dp = scenario.config.dp_size
+        dp = scenario.config.serving.dp_size
         kind = world_for(self.kind, scenario.config)
         world = self._worlds.get((kind, dp)) or self._open(kind, dp)
         return world.run(scenario)

@@ -148,7 +148,7 @@ DEFAULT_VARIANT = AbortableProtocol.name
 
 
 def protocol_for(variant: str) -> RingProtocol:
-    """The policy for a variant name (`HarnessConfig.protocol.value`)."""
+    """The policy for a variant name (`HarnessConfig.mutation.protocol.value`)."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown ubatching variant {variant!r}; expected one of {VARIANTS}")
     return PROTOCOLS[variant]

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import selectors
 from collections.abc import Iterator
-from typing import Any
 
+from harness.world.channel.messages import Message
 from harness.world.channel.wire import Channel, ChannelClosed
 
 
@@ -27,14 +27,14 @@ class RankLinks:
         """Each connected rank's worker pid."""
         return dict(self._pids)
 
-    def recv(self, rank: int, timeout_s: float) -> Any:
+    def recv(self, rank: int, timeout_s: float) -> Message:
         """The rank's next message (ChannelClosed or TimeoutError when none comes)."""
         return self._channels[rank].recv(timeout_s=timeout_s)
 
     def ranks(self) -> Iterator[int]:
         return iter(list(self._channels))
 
-    def send_to_all(self, message: Any) -> None:
+    def send_to_all(self, message: Message) -> None:
         for channel in self._channels.values():
             try:
                 channel.send(message)
@@ -66,7 +66,8 @@ class Inbox:
     def __exit__(self, *exc_info) -> None:
         self._selector.close()
 
-    def poll(self, timeout_s: float, recv_timeout_s: float) -> list[tuple[int, Any]]:
+    def poll(self, timeout_s: float, recv_timeout_s: float
+             ) -> list[tuple[int, Message | None]]:
         """(rank, message) for each rank that spoke within `timeout_s` (none: an empty
         list); a rank whose channel closed or stalled mid-message gives None, and is no
         longer read."""

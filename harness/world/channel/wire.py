@@ -4,7 +4,8 @@ authenticated connections (`multiprocessing.connection`) over loopback TCP.
 Each world draws a fresh secret; the driver hands it to the processes it starts through
 their environment (`CONTROL_KEY_ENV`, never a command line or a log). Both ends prove they
 hold it with an HMAC challenge before a single message is read, so nothing a stranger sends
-is ever unpickled. Messages are pickles of plain data, read with a bound.
+is ever read. Messages are the typed ones of harness/world/channel/messages.py, sent as JSON
+(nothing a peer sends is unpickled), read with a bound.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import secrets
 import socket
 import threading
 from multiprocessing.connection import Client, Connection
-from typing import Any
+
+from harness.world.channel.messages import M, Message, ProtocolError, from_wire, to_wire
 
 CONTROL_KEY_ENV = "DBO_HARNESS_CONTROL_KEY"
 
@@ -30,31 +32,48 @@ class Channel:
         self.connection = connection
         self._sending = threading.Lock()  # a worker's watchdog may send its last word too
 
-    def send(self, message: Any) -> None:
+    def send(self, message: Message) -> None:
+        data = to_wire(message)
         try:
             with self._sending:
-                self.connection.send(message)
+                self.connection.send_bytes(data)
         except (OSError, ValueError) as exc:
             raise ChannelClosed(str(exc)) from exc
 
-    def recv(self, timeout_s: float | None = None) -> Any:
+    def recv(self, timeout_s: float | None = None) -> Message:
         """The next message; TimeoutError past `timeout_s`, ChannelClosed when the peer is
-        gone. Only an authenticated peer can have sent it."""
+        gone, ProtocolError when what it sent is no message. Only an authenticated peer can
+        have sent it."""
         try:
             ready = timeout_s is None or self.connection.poll(max(0.0, timeout_s))
-            if ready:
-                return self.connection.recv()
+            data = self.connection.recv_bytes() if ready else None
         except (EOFError, OSError, ValueError) as exc:
             raise ChannelClosed(str(exc) or "the other end closed the channel") from exc
-        # Raised outside the handler: TimeoutError is an OSError, and a peer that is slow is
-        # not a peer that is gone.
-        raise TimeoutError("no message before the deadline")
+        if data is None:
+            # Raised outside the handler: TimeoutError is an OSError, and a peer that is slow
+            # is not a peer that is gone.
+            raise TimeoutError("no message before the deadline")
+        return from_wire(data)  # outside it too: a ProtocolError is a ValueError
 
     def fileno(self) -> int:
         return self.connection.fileno()
 
     def close(self) -> None:
         self.connection.close()
+
+
+def expect_hello(channel: Channel, kind: type[M], timeout_s: float) -> M:
+    """The first message of a connection: a hello of `kind` and of this protocol version
+    (else ProtocolError, in one line, and the channel is closed)."""
+    try:
+        hello = channel.recv(timeout_s=timeout_s)
+        if not isinstance(hello, kind):
+            raise ProtocolError("message", f"the first must be {kind.__name__}, not "
+                                f"{type(hello).__name__}")
+    except ProtocolError:
+        channel.close()
+        raise
+    return hello
 
 
 def new_control_key() -> bytes:

@@ -19,6 +19,7 @@ from datetime import timedelta
 
 from harness.errors import ConfigError, ErrorOrigin
 from harness.history.step_error import StepError
+from harness.world.channel.messages import WorkerNode
 from harness.world.channel.wire import CONTROL_KEY_ENV
 from harness.world.processes.lifecycle import package_pythonpath
 
@@ -192,19 +193,10 @@ def peer_closed(fd: int) -> bool:
         return True
 
 
-@dataclass(frozen=True)
-class WorkerNode:
-    """Where a worker runs, as its hello tells the driver."""
-
-    host: str
-    agent_pid: int  # its torchrun agent
-    group_rank: int  # its node's place in the world
-    trace_dir: str
-
-
-def worker_node(trace_dir) -> tuple:
-    return (socket.gethostname(), os.getppid(), int(os.environ.get("GROUP_RANK", 0)),
-            str(trace_dir))
+def worker_node(trace_dir) -> WorkerNode:
+    """Where this worker runs, for its hello."""
+    return WorkerNode(socket.gethostname(), os.getppid(), int(os.environ.get("GROUP_RANK", 0)),
+                      str(trace_dir))
 
 
 def node_lost(where: str, agent_pid: int) -> StepError:

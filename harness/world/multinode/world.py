@@ -30,6 +30,7 @@ from harness.history.step_error import StepError
 from harness.timeouts import DEFAULT_TIMEOUTS, Timeouts
 from harness.world.channel.control_server import ControlServer
 from harness.world.channel.links import RankLinks
+from harness.world.channel.messages import Exit, WorkerHello
 from harness.world.channel.wire import ChannelClosed
 from harness.world.evidence import rank_evidence
 from harness.world.multinode.heartbeat import DriverBeat
@@ -169,9 +170,8 @@ class NodeAgents:
             raise WorldError(f"torchrun exited with {self._proc.returncode} before every "
                              f"worker connected:\n{tail}")
 
-    def _hello(self, rank: int, rest: tuple) -> None:
-        if rest:
-            self._nodes[rank] = WorkerNode(*rest[0])
+    def _hello(self, hello: WorkerHello) -> None:
+        self._nodes[hello.rank] = hello.node
 
     def end_world(self, links: RankLinks, timeouts: Timeouts) -> list[int]:
         """Close every connection (remote workers exit on it) and kill this host's workers;
@@ -187,7 +187,7 @@ class NodeAgents:
         if self._beat is not None:  # first, while the store is up: no thread left in it
             self._beat.stop()
         pids = self._local_pids(links) + self._local_agents()
-        links.send_to_all(("exit",))
+        links.send_to_all(Exit())
         if self._proc is not None:
             wait_or_signal(self._proc, EXIT_GRACE_S, signal.SIGTERM)
             wait_or_signal(self._proc, STOP_TIMEOUT_S, signal.SIGKILL)

@@ -32,6 +32,19 @@ from harness.config import HarnessConfig
 from harness.scenario import scenario_from_dict
 from harness.sut import systems
 from harness.timeouts import Timeouts
+from harness.world.channel.messages import (
+    ForkRunner,
+    LoadSystem,
+    ReapRunner,
+    RunnerForked,
+    RunnerHello,
+    RunnerReaped,
+    SimDone,
+    SimRaised,
+    SimRun,
+    SystemLoaded,
+    ZygoteReady,
+)
 from harness.world.channel.wire import Channel, ChannelClosed
 from harness.world.processes.parent_death import die_with_parent
 from harness.world.sim.world import SimWorld
@@ -54,15 +67,15 @@ def run_runner(fd: int, nproc: int, timeouts: Timeouts, trace_dir: Path) -> None
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     channel = Channel(Connection(fd))
     world = SimWorld(nproc, timeouts, trace_dir=trace_dir, own_process=True)
-    channel.send(("hello", os.getpid()))
+    channel.send(RunnerHello(os.getpid()))
     while True:
         try:
             message = channel.recv()
         except ChannelClosed:
             return
-        if message[0] != "run":
+        if not isinstance(message, SimRun):
             return
-        scenario = scenario_from_dict(message[1])
+        scenario = scenario_from_dict(message.scenario)
         for rank in range(nproc):  # each trace holds this scenario's collectives only
             layout.collectives(rank).write_text("")
         try:
@@ -70,9 +83,9 @@ def run_runner(fd: int, nproc: int, timeouts: Timeouts, trace_dir: Path) -> None
         except ChannelClosed:
             return
         except Exception:  # noqa: BLE001 - the driver raises it with this traceback
-            channel.send(("raised", traceback.format_exc()))
+            channel.send(SimRaised(traceback.format_exc()))
             continue
-        channel.send(("done", world.retired))
+        channel.send(SimDone(world.retired))
         if world.retired:
             os._exit(0)  # the driver forks a fresh runner for the next scenario
 
@@ -117,15 +130,14 @@ def serve_zygote(fd: int) -> None:
     sock = socket.socket(fileno=os.dup(fd))
     me = os.getpid()
     runners: set[int] = set()
-    channel.send(("ready", me))
+    channel.send(ZygoteReady(me))
     try:
         while True:
             try:
                 message = channel.recv()
             except ChannelClosed:
                 return  # the driver is gone
-            if message[0] == "fork":
-                _, nproc, timeouts, trace_dir = message
+            if isinstance(message, ForkRunner):
                 runner_fd = _recv_fd(sock)
                 pid = os.fork()
                 if pid == 0:
@@ -134,7 +146,8 @@ def serve_zygote(fd: int) -> None:
                         die_with_parent(me, signal.SIGKILL)
                         channel.close()
                         sock.close()
-                        run_runner(runner_fd, nproc, Timeouts(**timeouts), Path(trace_dir))
+                        run_runner(runner_fd, message.nproc, message.timeouts,
+                                   Path(message.trace_dir))
                     except BaseException:  # noqa: BLE001 - never back into the zygote's loop
                         traceback.print_exc()
                         code = 1
@@ -142,22 +155,21 @@ def serve_zygote(fd: int) -> None:
                         os._exit(code)
                 os.close(runner_fd)
                 runners.add(pid)
-                channel.send(("forked", pid))
-            elif message[0] == "load":
+                channel.send(RunnerForked(pid))
+            elif isinstance(message, LoadSystem):
                 # Imports only (no thread starts), so forking after them stays safe; every
                 # runner forked later starts with the code loaded.
                 try:
-                    systems.load(HarnessConfig.from_dict(message[1]))
+                    systems.load(HarnessConfig.from_dict(message.config))
                     gc.collect()
                     gc.freeze()
-                    channel.send(("loaded", None))
+                    channel.send(SystemLoaded(None))
                 except Exception:  # noqa: BLE001 - the driver raises it with this traceback
-                    channel.send(("loaded", traceback.format_exc()))
-            elif message[0] == "reap":
-                _, pid, timeout_s = message
-                runners.discard(pid)
-                channel.send(("reaped", pid, _reap(pid, timeout_s)))
-            else:
+                    channel.send(SystemLoaded(traceback.format_exc()))
+            elif isinstance(message, ReapRunner):
+                runners.discard(message.pid)
+                channel.send(RunnerReaped(message.pid, _reap(message.pid, message.timeout_s)))
+            else:  # Exit, or nothing it knows
                 return
     finally:
         for pid in runners:

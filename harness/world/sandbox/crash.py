@@ -37,7 +37,7 @@ def describe_exit(returncode: int | None) -> str:
 def crash_errors(scenario: Scenario, step: int | None, returncode: int | None,
                  last: Mapping[int, str | None], native: str | None) -> list[StepError]:
     """Each rank's error when the shared process died at `step` (None: during capture)."""
-    n = scenario.config.dp_size
+    n = scenario.config.serving.dp_size
     how = describe_exit(returncode)
     faults = [f for f in scenario.faults if f.step == step]
     ending = [f for f in faults if f.kind in (FaultKind.ABORT_RANK, FaultKind.KILL_RANK)]
@@ -68,7 +68,7 @@ def crashed_history(scenario: Scenario, timeouts: Timeouts,
                     last: Mapping[int, str | None], native: str | None,
                     evidence: str) -> ScenarioHistory:
     """The history of a scenario whose process died after the records it sent."""
-    n = scenario.config.dp_size
+    n = scenario.config.serving.dp_size
     if startup is None:  # died in capture: the start-up records carry the crash
         errors = crash_errors(scenario, None, returncode, last, native)
         crashed = tuple(StartupRecord(r, (), (), errors[r], (), False, 0.0) for r in range(n))

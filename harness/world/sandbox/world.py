@@ -19,7 +19,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -28,7 +27,25 @@ from harness.errors import ConfigError
 from harness.history.scenario_history import ScenarioHistory
 from harness.scenario import Scenario
 from harness.timeouts import DEFAULT_TIMEOUTS, Timeouts
-from harness.world.channel.wire import Channel, ChannelClosed
+from harness.world.channel.messages import (
+    Exit,
+    ForkRunner,
+    LoadSystem,
+    M,
+    ProtocolError,
+    ReapRunner,
+    RunnerForked,
+    RunnerHello,
+    RunnerReaped,
+    SimDone,
+    SimRaised,
+    SimRun,
+    SimStartup,
+    SimStep,
+    SystemLoaded,
+    ZygoteReady,
+)
+from harness.world.channel.wire import Channel, ChannelClosed, expect_hello
 from harness.world.evidence import last_collective, native_abort_message
 from harness.world.processes.lifecycle import package_pythonpath, pid_alive
 from harness.world.sandbox.crash import crashed_history, describe_exit
@@ -68,7 +85,7 @@ class Zygote:
         self.channel = Channel(Connection(os.dup(mine.fileno())))
         self.loaded: set[DecisionSystem] = {DecisionSystem.HARNESS}
         try:
-            self._expect("ready", ZYGOTE_START_S)
+            self._expect(ZygoteReady, ZYGOTE_START_S, hello=True)
         except BaseException:
             self.close()
             raise
@@ -81,14 +98,14 @@ class Zygote:
         """A fresh runner: its channel (a socket pair made here) and its pid."""
         mine, theirs = socket.socketpair()
         try:
-            self.channel.send(("fork", nproc, asdict(timeouts), str(trace_dir)))
+            self.channel.send(ForkRunner(nproc, timeouts, str(trace_dir)))
             socket.send_fds(self._sock, [b"F"], [theirs.fileno()])
         except OSError as exc:
             mine.close()
             raise ChannelClosed(str(exc)) from exc
         finally:
             theirs.close()
-        _, pid = self._expect("forked", REPLY_S)
+        pid = self._expect(RunnerForked, REPLY_S).pid
         channel = Channel(Connection(os.dup(mine.fileno())))
         mine.close()
         return channel, pid
@@ -96,29 +113,33 @@ class Zygote:
     def load(self, config: HarnessConfig) -> bool:
         """Load the decision code of `config`'s system in the zygote, once per system; True
         when this call loaded it (runners forked before lack it)."""
-        if config.sut in self.loaded:
+        if config.system.sut in self.loaded:
             return False
-        self.channel.send(("load", config.to_dict()))
-        failure = self._expect("loaded", ZYGOTE_START_S)[1]
+        self.channel.send(LoadSystem(config.to_dict()))
+        failure = self._expect(SystemLoaded, ZYGOTE_START_S).failure
         if failure is not None:
-            raise SandboxError(f"the sim world's zygote could not load {config.sut.value}'s "
+            raise SandboxError(f"the sim world's zygote could not load {config.system.sut.value}'s "
                                f"decision code:\n{failure}")
-        self.loaded.add(config.sut)
+        self.loaded.add(config.system.sut)
         return True
 
     def reap(self, pid: int) -> int | None:
         """The runner's exit code once it has ended (killed after REAP_S)."""
-        self.channel.send(("reap", pid, REAP_S))
-        return self._expect("reaped", 2 * REAP_S + REPLY_S)[2]
+        self.channel.send(ReapRunner(pid, REAP_S))
+        return self._expect(RunnerReaped, 2 * REAP_S + REPLY_S).exit_code
 
-    def _expect(self, kind: str, timeout_s: float) -> tuple:
+    def _expect(self, kind: type[M], timeout_s: float, hello: bool = False) -> M:
+        """The zygote's answer; its hello first (of this protocol version, else a
+        ProtocolError in one line)."""
         try:
-            message = self.channel.recv(timeout_s=timeout_s)
+            message = (expect_hello(self.channel, kind, timeout_s) if hello
+                       else self.channel.recv(timeout_s=timeout_s))
         except (TimeoutError, ChannelClosed) as exc:
-            raise SandboxError(f"the sim world's zygote did not answer {kind!r}: {exc}\n"
-                               f"{self._log_tail()}") from exc
-        if message[0] != kind:
-            raise SandboxError(f"the sim world's zygote answered {message[0]!r}, not {kind!r}")
+            raise SandboxError(f"the sim world's zygote did not answer {kind.__name__}: "
+                               f"{exc}\n{self._log_tail()}") from exc
+        if not isinstance(message, kind):
+            raise SandboxError(f"the sim world's zygote answered {type(message).__name__}, "
+                               f"not {kind.__name__}")
         return message
 
     def _log_tail(self) -> str:
@@ -128,7 +149,7 @@ class Zygote:
     def close(self) -> list[int]:
         """Stop the zygote (it kills its runners); the pids still alive after (none)."""
         try:
-            self.channel.send(("exit",))
+            self.channel.send(Exit())
         except ChannelClosed:
             pass
         self.channel.close()
@@ -203,15 +224,15 @@ class SandboxedSimWorld:
 
     def run(self, scenario: Scenario) -> ScenarioHistory:
         refuse_threads_for_vllm_execution(scenario.config)
-        if scenario.config.dp_size != self.nproc:
-            raise ConfigError("dp_size", f"the scenario has {scenario.config.dp_size} ranks "
-                              f"but this world has {self.nproc}")
+        if scenario.config.serving.dp_size != self.nproc:
+            raise ConfigError("dp_size", f"the scenario has {scenario.config.serving.dp_size} "
+                              f"ranks but this world has {self.nproc}")
         self._load_system(scenario.config)
         channel, pid = self._ensure_runner()
         stderr = self._layout.runner_stderr
         mark = stderr.stat().st_size if stderr.exists() else 0
         try:
-            channel.send(("run", scenario.to_dict()))
+            channel.send(SimRun(scenario.to_dict()))
         except ChannelClosed:
             pass  # it died between scenarios: the reads below find out how
         startup, steps = None, []
@@ -227,16 +248,17 @@ class SandboxedSimWorld:
                 return self._stuck(scenario, startup, steps, bound)
             except ChannelClosed:
                 return self._died(scenario, startup, steps, mark)
-            if message[0] == "startup":
-                startup = message[1]
-            elif message[0] == "step":
-                steps.append(message[2])
-            elif message[0] == "done":
-                if message[1]:  # the runner retires after a failure: reap it, fork anew
-                    self._end_runner()
-                return ScenarioHistory(scenario, t, tuple(startup), tuple(steps))
-            elif message[0] == "raised":
-                raise SandboxError(f"the sim world raised in its process:\n{message[1]}")
+            match message:
+                case SimStartup(records):
+                    startup = records
+                case SimStep(_, records):
+                    steps.append(records)
+                case SimDone(retired):
+                    if retired:  # the runner retires after a failure: reap it, fork anew
+                        self._end_runner()
+                    return ScenarioHistory(scenario, t, tuple(startup), tuple(steps))
+                case SimRaised(traceback):
+                    raise SandboxError(f"the sim world raised in its process:\n{traceback}")
 
     def _load_system(self, config: HarnessConfig) -> None:
         # vLLM's imports take longer than a rank's deadline: loaded once in the zygote, so a
@@ -255,10 +277,13 @@ class SandboxedSimWorld:
             self.launches += 1
             self._runner = (channel, pid)
             try:
-                hello = channel.recv(timeout_s=ZYGOTE_START_S)
+                hello = expect_hello(channel, RunnerHello, ZYGOTE_START_S)
+            except ProtocolError:
+                self._end_runner()
+                raise
             except (TimeoutError, ChannelClosed) as exc:
                 hello = exc
-            if hello != ("hello", pid):
+            if hello != RunnerHello(pid):
                 code = self._end_runner()
                 raise SandboxError(f"the sim world's runner did not start ({hello!r}; it "
                                    f"ended with {describe_exit(code)}):\n"

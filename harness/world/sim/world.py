@@ -29,6 +29,7 @@ from harness.sut import systems
 from harness.sut.rank_runtime import RankRuntime
 from harness.sut.step_loop import run_steps
 from harness.timeouts import DEFAULT_TIMEOUTS, Timeouts
+from harness.world.channel.messages import Message, SimStartup, SimStep
 from harness.world.processes.collector import collector_paused
 from harness.world.sim.threads import ThreadWorld
 from harness.world.trace_layout import TraceLayout
@@ -40,7 +41,7 @@ MAX_CACHED_CONFIGS = 32
 
 def refuse_threads_for_vllm_execution(config: HarnessConfig) -> None:
     """vLLM's ubatching state is module-global: its execution code needs a process per rank."""
-    if config.execution is Execution.VLLM:
+    if config.system.execution is Execution.VLLM:
         raise ConfigError("execution", "vllm keeps its microbatch state per process: run it "
                           "on the torchrun world (the default world routes it there)")
 
@@ -76,14 +77,14 @@ class SimWorld:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
-    def run(self, scenario: Scenario, sink: Callable[[tuple], None] | None = None
+    def run(self, scenario: Scenario, sink: Callable[[Message], None] | None = None
             ) -> ScenarioHistory:
-        """The scenario's history; `sink` is handed ("startup", records) and then
-        ("step", i, records) as each is known, before the next begins."""
+        """The scenario's history; `sink` is handed SimStartup(records) and then
+        SimStep(i, records) as each is known, before the next begins."""
         refuse_threads_for_vllm_execution(scenario.config)
-        if scenario.config.dp_size != self.nproc:
-            raise ConfigError("dp_size", f"the scenario has {scenario.config.dp_size} ranks "
-                              f"but this world has {self.nproc}")
+        if scenario.config.serving.dp_size != self.nproc:
+            raise ConfigError("dp_size", f"the scenario has {scenario.config.serving.dp_size} "
+                              f"ranks but this world has {self.nproc}")
         ending = (FaultKind.KILL_RANK, FaultKind.ABORT_RANK)
         killed = [i for i, f in enumerate(scenario.faults) if f.kind in ending]
         if killed and not self.own_process:
@@ -93,11 +94,11 @@ class SimWorld:
         with collector_paused():
             return self._run(scenario, sink or (lambda _message: None))
 
-    def _run(self, scenario: Scenario, sink: Callable[[tuple], None]) -> ScenarioHistory:
+    def _run(self, scenario: Scenario, sink: Callable[[Message], None]) -> ScenarioHistory:
         systems.load(scenario.config)  # before the ranks' deadlines, not inside them
         world = self._world()
         runtimes, startup = self._captured(world, scenario.config)
-        sink(("startup", tuple(startup)))
+        sink(SimStartup(tuple(startup)))
         steps: list[tuple[StepRecord | None, ...]] = []
         healthy = steps_may_run(startup)
         if healthy:
@@ -114,7 +115,7 @@ class SimWorld:
                 records, _ = world.run_bounded(
                     lambda rank, _g: one_rank(i, requests, ranks, rank),
                     self.timeouts.step_wait_s)
-                sink(("step", i, tuple(records)))
+                sink(SimStep(i, tuple(records)))
                 return tuple(records)
 
             steps = run_steps(scenario, every_rank, lambda records: not step_failed(records))

@@ -14,7 +14,6 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict
 from typing import Protocol
 
 from harness.errors import ConfigError
@@ -23,6 +22,7 @@ from harness.history.scenario_history import ScenarioHistory
 from harness.scenario import Scenario
 from harness.timeouts import Timeouts
 from harness.world.channel.links import RankLinks
+from harness.world.channel.messages import BatchRan, RunBatch
 
 
 class BatchedWorld(Protocol):
@@ -60,8 +60,8 @@ def run_batched(world: BatchedWorld, scenarios: Iterable[Scenario],
                 batch = []
                 while pending and len(batch) < batch_size and _batchable(world, pending[0]):
                     batch.append(pending.popleft())
-                world.links.send_to_all(("batch", [s.to_dict() for s in batch],
-                                         asdict(world.timeouts)))
+                world.links.send_to_all(RunBatch(tuple(s.to_dict() for s in batch),
+                                                 world.timeouts))
                 sent.extend(batch)
             if not sent:  # the first of its config in this launch, or one with faults
                 yield world.run(pending.popleft())
@@ -83,7 +83,7 @@ def run_batched(world: BatchedWorld, scenarios: Iterable[Scenario],
 
 
 def _batchable(world: BatchedWorld, scenario: Scenario) -> bool:
-    return (not scenario.faults and scenario.config.dp_size == world.nproc
+    return (not scenario.faults and scenario.config.serving.dp_size == world.nproc
             and world.clean_capture(scenario.config) is not None)
 
 
@@ -102,9 +102,9 @@ def _collect(world: BatchedWorld, scenario: Scenario
             if not ready:
                 return None
             for rank, message in ready:
-                if message is None or message[0] != "ran":
+                if not isinstance(message, BatchRan):
                     return None  # gone, a crash, a lost agent: the run alone names it
-                got[rank] = message[1]
+                got[rank] = list(message.records)
                 inbox.drop(rank)
     per_rank = [got[rank] for rank in range(world.nproc)]
     if any(len(records) != len(scenario.steps) or any(r.error is not None for r in records)

@@ -16,6 +16,16 @@ from harness.history.step_error import StepError
 from harness.scenario import Scenario
 from harness.timeouts import Timeouts
 from harness.world.channel.links import RankLinks
+from harness.world.channel.messages import (
+    AgentLost,
+    Message,
+    NextStep,
+    ScenarioDone,
+    StartSteps,
+    StartupReport,
+    StepReport,
+    WorkerCrash,
+)
 from harness.world.evidence import fatal_error, last_collective, native_abort_message
 from harness.world.torchrun.rig import Rig
 from harness.world.trace_layout import TraceLayout
@@ -39,34 +49,35 @@ class _Collection:
     def waiting(self) -> list[int]:
         return [r for r in range(self.n) if r not in self.done and r not in self.lost]
 
-    def take(self, rank: int, message: tuple | None) -> bool:
+    def take(self, rank: int, message: Message | None) -> bool:
         """Note one message (None: the channel closed); True when the rank is no longer read."""
         if message is None:
             self.lost[rank] = _lost_error(rank, self.scenario, self.rig.trace_dir_of(rank))
-            self.links.send_to_all(("next", False))  # the survivors stop after it
+            self.links.send_to_all(NextStep(False))  # the survivors stop after it
             return True
         self.deadline[rank] = time.monotonic() + self.timeouts.step_wait_s
-        kind = message[0]
-        if kind == "startup":
-            self.startup[rank] = message[1]
-            if all(r is not None for r in self.startup):
-                self.links.send_to_all(("steps", steps_may_run(self.startup)))
-        elif kind == "step":
-            index, record = message[1], message[2]
-            while len(self.steps) <= index:
-                self.steps.append([None] * self.n)
-            self.steps[index][rank] = record
-            if all(r is not None for r in self.steps[index]):
-                self.links.send_to_all(("next", not step_failed(self.steps[index])))
-        elif kind == "done":
-            self.done.add(rank)
-        elif kind in ("agent-lost", "crash"):  # agent-lost: multi-node, its node's agent died
-            self.lost[rank] = (self.rig.agent_lost(rank, message[2]) if kind == "agent-lost"
-                               else StepError("RankLost", "crashed", None, ErrorOrigin.LOST))
-            if kind == "crash":
-                self.crashes[rank] = message[2]
-            self.links.send_to_all(("next", False))
-            return True
+        match message:
+            case StartupReport(record):
+                self.startup[rank] = record
+                if all(r is not None for r in self.startup):
+                    self.links.send_to_all(StartSteps(steps_may_run(self.startup)))
+            case StepReport(index, record):
+                while len(self.steps) <= index:
+                    self.steps.append([None] * self.n)
+                self.steps[index][rank] = record
+                if all(r is not None for r in self.steps[index]):
+                    self.links.send_to_all(NextStep(not step_failed(self.steps[index])))
+            case ScenarioDone():
+                self.done.add(rank)
+            case AgentLost(_, agent_pid):  # multi-node: its node's agent died
+                self.lost[rank] = self.rig.agent_lost(rank, agent_pid)
+                self.links.send_to_all(NextStep(False))
+                return True
+            case WorkerCrash(_, traceback):
+                self.lost[rank] = StepError("RankLost", "crashed", None, ErrorOrigin.LOST)
+                self.crashes[rank] = traceback
+                self.links.send_to_all(NextStep(False))
+                return True
         return False
 
 

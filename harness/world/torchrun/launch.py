@@ -14,6 +14,8 @@ from collections.abc import Callable
 
 from harness.world.channel.control_server import ControlServer
 from harness.world.channel.links import RankLinks
+from harness.world.channel.messages import WorkerCrash, WorkerHello, WorkerReady
+from harness.world.channel.wire import expect_hello
 
 LAUNCH_TIMEOUT_S = 90.0  # torchrun start plus `import torch` in every worker
 HELLO_TIMEOUT_S = 30.0  # an authenticated worker says who it is
@@ -33,7 +35,7 @@ class Formation:
         self.strangers_dropped = 0  # connections that failed the handshake, over all launches
 
     def take_in(self, server: ControlServer, links: RankLinks,
-                launcher_alive: Callable[[], None], on_hello: Callable[[int, tuple], None],
+                launcher_alive: Callable[[], None], on_hello: Callable[[WorkerHello], None],
                 launch: Callable[[int], None] | None = None) -> None:
         """Call `launch(port)` (when given), then take every worker in over `server`, which
         is closed at the end (WorldError, ChannelClosed or TimeoutError when the world does
@@ -52,9 +54,10 @@ class Formation:
 
 def accept_workers(links: RankLinks, nproc: int, server: ControlServer,
                    launcher_alive: Callable[[], None],
-                   on_hello: Callable[[int, tuple], None]) -> None:
+                   on_hello: Callable[[WorkerHello], None]) -> None:
     """Every worker, authenticated, says hello, then that it joined the group.
-    `launcher_alive` raises WorldError once what launches the workers is gone."""
+    `launcher_alive` raises WorldError once what launches the workers is gone; a worker of
+    another protocol version is a VersionMismatch (one line, naming both)."""
     deadline = time.monotonic() + LAUNCH_TIMEOUT_S
     while len(links) < nproc:
         try:
@@ -62,12 +65,11 @@ def accept_workers(links: RankLinks, nproc: int, server: ControlServer,
         except TimeoutError:
             raise WorldError(f"only {len(links)} of {nproc} workers "
                              f"connected within {LAUNCH_TIMEOUT_S:.0f} s") from None
-        hello = channel.recv(timeout_s=HELLO_TIMEOUT_S)
-        rank, pid = hello[1], hello[2]
-        links.add(rank, channel, pid)
-        on_hello(rank, hello[3:])
+        hello = expect_hello(channel, WorkerHello, HELLO_TIMEOUT_S)
+        links.add(hello.rank, channel, hello.pid)
+        on_hello(hello)
     for rank in links.ranks():
         message = links.recv(rank, max(1.0, deadline - time.monotonic()))
-        if message[0] != "ready":
-            raise WorldError(f"rank {rank} failed to join the process group:\n"
-                             f"{message[-1]}")
+        if not isinstance(message, WorkerReady):
+            said = message.traceback if isinstance(message, WorkerCrash) else repr(message)
+            raise WorldError(f"rank {rank} failed to join the process group:\n{said}")

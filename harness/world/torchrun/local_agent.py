@@ -15,6 +15,7 @@ from harness.errors import ErrorOrigin
 from harness.history.step_error import StepError
 from harness.timeouts import Timeouts
 from harness.world.channel.links import RankLinks
+from harness.world.channel.messages import Exit, WorkerHello
 from harness.world.evidence import rank_evidence
 from harness.world.processes.lifecycle import kill_all, wait_or_signal
 from harness.world.torchrun.agent_launch import (
@@ -108,7 +109,7 @@ class LocalAgent:
 
     def _close_live(self, links: RankLinks) -> list[int]:
         """Stop the live world: ask, then SIGTERM torchrun, then kill what is left."""
-        links.send_to_all(("exit",))
+        links.send_to_all(Exit())
         if self._proc is not None:
             wait_or_signal(self._proc, TERM_GRACE_S, signal.SIGTERM)
             wait_or_signal(self._proc, STOP_TIMEOUT_S, signal.SIGKILL)
@@ -138,5 +139,5 @@ class LocalAgent:
         return log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
 
 
-def _no_more_to_say(rank: int, rest: tuple) -> None:
-    """A worker of one node says nothing of itself beyond its rank and pid."""
+def _no_more_to_say(hello: WorkerHello) -> None:
+    """Of a worker on this one node, its rank and pid are all the driver keeps."""

@@ -32,6 +32,24 @@ from harness.sut.rank_runtime import RankRuntime
 from harness.sut.step_loop import run_steps
 from harness.timeouts import Timeouts
 from harness.world.channel import wire
+from harness.world.channel.messages import (
+    AgentLost,
+    BatchRan,
+    Exit,
+    NextStep,
+    Regroup,
+    Regrouped,
+    RegroupFailed,
+    RunBatch,
+    RunScenario,
+    ScenarioDone,
+    StartSteps,
+    StartupReport,
+    StepReport,
+    WorkerCrash,
+    WorkerHello,
+    WorkerReady,
+)
 from harness.world.multinode.nodes import driver_address, peer_closed, worker_node, world_group_args
 from harness.world.processes.collector import collector_paused
 from harness.world.processes.lifecycle import pid_alive
@@ -53,7 +71,7 @@ def _watch_parents(driver_pid: int | None, channel: wire.Channel | None = None) 
         if os.getppid() != agent and channel is not None:
             # This node's agent died: say so before going, so the driver names the node.
             with contextlib.suppress(wire.ChannelClosed):
-                channel.send(("agent-lost", int(os.environ["RANK"]), agent))
+                channel.send(AgentLost(int(os.environ["RANK"]), agent))
             os._exit(3)
         if os.getppid() != agent or (driver_pid is not None and not pid_alive(driver_pid)):
             os._exit(3)
@@ -144,17 +162,18 @@ class Worker:
                 message = self.channel.recv()
             except wire.ChannelClosed:
                 return False
-            if message[0] == "exit":
-                return True
-            if message[0] == "run":
-                with collector_paused():
-                    self.run(message[1], Timeouts(**message[2]))
-            elif message[0] == "regroup":
-                self.regroup(message[1], message[2])
-            elif message[0] == "batch":
-                with collector_paused():
-                    for scenario_data in message[1]:
-                        self.run_unattended(scenario_data, Timeouts(**message[2]))
+            match message:
+                case Exit():
+                    return True
+                case RunScenario(scenario, timeouts):
+                    with collector_paused():
+                        self.run(scenario, timeouts)
+                case Regroup(generation, timeout_s):
+                    self.regroup(generation, timeout_s)
+                case RunBatch(scenarios, timeouts):
+                    with collector_paused():
+                        for scenario_data in scenarios:
+                            self.run_unattended(scenario_data, timeouts)
 
     def regroup(self, generation: int, timeout_s: float) -> None:
         """Leave the group a failed step broke for a fresh one (harness/world/torchrun/world.py,
@@ -162,9 +181,9 @@ class Worker:
         try:
             self.group = fresh_group(generation, timeout_s)
             self.runtimes.clear()
-            self.channel.send(("regrouped", self.rank))
+            self.channel.send(Regrouped(self.rank))
         except Exception:  # noqa: BLE001 - the driver relaunches the world instead
-            self.channel.send(("regroup-failed", self.rank, traceback.format_exc()))
+            self.channel.send(RegroupFailed(self.rank, traceback.format_exc()))
 
     def _runtime(self, config, timeouts: Timeouts):
         key = (config, timeouts)
@@ -182,21 +201,21 @@ class Worker:
         scenario = scenario_from_dict(scenario_data)
         runtime, startup = self._runtime(scenario.config, timeouts)
         runtime.reset_state()
-        self.channel.send(("startup", startup))
+        self.channel.send(StartupReport(startup))
         # The driver says whether every rank's capture went well enough to run the steps.
-        if self.channel.recv() == ("steps", True):
+        if self.channel.recv() == StartSteps(True):
 
             def this_rank(i: int, requests, ranks) -> None:
                 faults = scenario.faults_at(i, self.rank)
                 if any(f.kind is FaultKind.KILL_RANK for f in faults):
                     os.kill(os.getpid(), signal.SIGKILL)
                 record = runtime.step(i, requests[self.rank], ranks[self.rank], faults)
-                self.channel.send(("step", i, record))
+                self.channel.send(StepReport(i, record))
 
             # Every rank stops after a step in which any rank failed, as in the sim world:
             # a rank that went on alone would wait in the next sync for nobody.
-            run_steps(scenario, this_rank, lambda _: self.channel.recv() == ("next", True))
-        self.channel.send(("done",))
+            run_steps(scenario, this_rank, lambda _: self.channel.recv() == NextStep(True))
+        self.channel.send(ScenarioDone())
 
     def run_unattended(self, scenario_data: dict, timeouts: Timeouts) -> None:
         """A scenario of a batch (harness/world/torchrun/batches.py): fault-free, of a config this
@@ -209,7 +228,7 @@ class Worker:
             scenario, lambda i, requests, ranks: runtime.step(i, requests[self.rank],
                                                               ranks[self.rank]),
             lambda record: record.error is None)
-        self.channel.send(("ran", records))
+        self.channel.send(BatchRan(tuple(records)))
 
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
@@ -257,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=_watch_parents, daemon=True, name="parent-watchdog",
                      args=(args.driver_pid, channel if args.driver_pid is None else None)
                      ).start()
-    channel.send(("hello", rank, os.getpid(), worker_node(trace_dir)))
+    channel.send(WorkerHello(rank, os.getpid(), worker_node(trace_dir)))
     try:
         wait_for_every_rank(int(os.environ["WORLD_SIZE"]), arrival)
         device = join_group(args.backend, args.device, args.collective_timeout, group_args)
@@ -266,14 +285,14 @@ def main(argv: list[str] | None = None) -> int:
             from harness.vllm_exec import runtime_class
 
             runtime_class()  # vLLM's imports, outside the deadlines
-        channel.send(("ready", rank))
+        channel.send(WorkerReady(rank))
         # Gloo's collectives on CUDA tensors sync with the host, so they cannot be captured
         # into a real graph: that world emulates its graphs over the CUDA tensors.
         told_to_exit = Worker(rank, channel, group, trace_dir, device,
                               emulated_graphs=args.backend != "nccl").serve()
     except Exception:  # noqa: BLE001 - the driver reports it with the rank
         try:
-            channel.send(("crash", rank, traceback.format_exc()))
+            channel.send(WorkerCrash(rank, traceback.format_exc()))
         except wire.ChannelClosed:
             pass
         return 1

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict
 
 from harness.config import Execution
 from harness.errors import ConfigError
@@ -20,6 +19,7 @@ from harness.history.scenario_history import ScenarioHistory, step_failed, steps
 from harness.scenario import Scenario
 from harness.timeouts import DEFAULT_TIMEOUTS, Timeouts
 from harness.world.channel.links import RankLinks
+from harness.world.channel.messages import Regroup, Regrouped, RunScenario
 from harness.world.channel.wire import ChannelClosed
 from harness.world.torchrun.agent_launch import STOP_TIMEOUT_S
 from harness.world.torchrun.backends import check_backend, rank_device
@@ -112,12 +112,12 @@ class TorchrunWorld:
     # -- running scenarios -------------------------------------------------------------------
 
     def run(self, scenario: Scenario) -> ScenarioHistory:
-        if scenario.config.dp_size != self.nproc:
-            raise ConfigError("dp_size", f"the scenario has {scenario.config.dp_size} ranks "
-                              f"but this world has {self.nproc}")
+        if scenario.config.serving.dp_size != self.nproc:
+            raise ConfigError("dp_size", f"the scenario has {scenario.config.serving.dp_size} "
+                              f"ranks but this world has {self.nproc}")
         if not self.alive or not len(self.links):  # multi-node agents outlive their worlds
             self.start()
-        self.links.send_to_all(("run", scenario.to_dict(), asdict(self.timeouts)))
+        self.links.send_to_all(RunScenario(scenario.to_dict(), self.timeouts))
         startup, steps, evidence = collect_scenario(scenario, self.links, self.rig,
                                                     self.nproc, self.timeouts)
         failed = not steps_may_run(startup) or any(step_failed(s) for s in steps)
@@ -142,7 +142,7 @@ class TorchrunWorld:
     def _may_regroup(self, scenario: Scenario, steps) -> bool:
         """A failure every rank survived, with no thread or run left behind, under vLLM's
         execution code (whose imports make a relaunch cost 15 s on two cores) on gloo."""
-        if (not self.rig.soft_rebuilds or scenario.config.execution is not Execution.VLLM
+        if (not self.rig.soft_rebuilds or scenario.config.system.execution is not Execution.VLLM
                 or self.backend != "gloo"):
             return False
         records = [r for s in steps for r in s]
@@ -153,14 +153,14 @@ class TorchrunWorld:
         """A soft rebuild: the ranks leave the failed group for a fresh one on torchrun's
         store, under a prefix of their own, and drop what they built over the old one."""
         self.regroups += 1
-        self.links.send_to_all(("regroup", self.regroups, self.timeouts.collective_s))
+        self.links.send_to_all(Regroup(self.regroups, self.timeouts.collective_s))
         deadline = time.monotonic() + self.timeouts.startup_deadline_s
         for rank in self.links.ranks():
             try:
                 message = self.links.recv(rank, max(0.1, deadline - time.monotonic()))
             except (ChannelClosed, TimeoutError):
                 return False
-            if message != ("regrouped", rank):
+            if message != Regrouped(rank):
                 return False
         self._clean_captures.clear()
         return True

@@ -11,19 +11,20 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.batch import RankBatch
 from harness.config import HarnessConfig
 from harness.history.decision import GraphDescriptor
 from harness.history.records import StepRecord, rows_tensor
 from harness.model.reference import ReferenceStep, diff_against_reference, reference_step
 from harness.model.state import RequestSpec, initial_state
-from harness.scenario import RankStep, Scenario
+from harness.scenario import Scenario
 from harness.sut.rank_runtime import RankRuntime
 from harness.sut.step_loop import run_steps
 
 
 def one_rank_scenario(config: HarnessConfig, *steps: Sequence[int]) -> Scenario:
     """Per step, the single rank's query lengths (a decode batch of n is `(1,) * n`)."""
-    return Scenario(config, tuple((RankStep(tuple(lens)),) for lens in steps),
+    return Scenario(config, tuple((RankBatch.from_query_lens(lens),) for lens in steps),
                     name="single-rank-gpu")
 
 

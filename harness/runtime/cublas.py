@@ -8,7 +8,8 @@ left by a thread that has exited (the warmup step's microbatch threads, say) mas
 skipping the warm-up can pass unnoticed (measured on torch 2.11 / H200). The warm-up in the
 runner takes (or creates) the handle before the ready barrier, outside the capture, either
 way. `drain_cublas_handles_at_capture` takes every free handle away (for good) before each
-microbatched capture, so the hazard shows whenever the warm-up is missing.
+microbatched capture, so the hazard shows whenever the warm-up is missing. It wraps the
+rank runtime's runner by its method's name: nothing here imports the rank code.
 """
 
 from __future__ import annotations
