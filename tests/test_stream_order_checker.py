@@ -85,8 +85,10 @@ def test_order_passes_through_a_third_stream():
 
 
 def test_a_read_is_judged_against_the_latest_write_of_its_tensor():
-    ordered_first = (write("compute"), write("comm"), read("compute"))
-    assert first_race(ordered_first) is not None
+    # The writes are ordered (no write-after-write); the read is not after the second one.
+    ordered_first = (write("compute"), record_on("compute", "e0"), wait_on("comm", "e0"),
+                     write("comm"), read("compute"))
+    assert first_race(ordered_first).startswith("experts on stream compute reads")
     other_tensor = (write("comm", "combine recv of microbatch 0"), read("compute"))
     assert first_race(other_tensor) is None  # written in an earlier step: not judged
 
@@ -128,3 +130,32 @@ def test_the_missing_compute_wait_switch_needs_vllms_execution():
     planted = HarnessConfig.of(execution="vllm", switch_to_compute="no-wait")
     assert planted.to_dict()["switch_to_compute"] == "no-wait"
     assert "switch_to_compute" not in HarnessConfig.of(execution="vllm").to_dict()
+
+
+def test_a_write_before_an_earlier_read_on_another_stream_is_done_fails_naming_the_read():
+    pack = "dispatch send of microbatch 0"
+    reused = (write("compute", pack, "dispatch pack"), record_on("compute", "e0"),
+              wait_on("comm", "e0"), read("comm", pack, "all_to_all"),
+              write("compute", pack, "dispatch pack"))
+    assert first_race(reused) == ("dispatch pack on stream compute writes dispatch send of "
+                                  "microbatch 0, read by all_to_all on stream comm with no "
+                                  "event wait ordering the read before the write")
+    # Ordered once the writer waits for an event the reader recorded after its read.
+    waited = (*reused[:4], record_on("comm", "e1"), wait_on("compute", "e1"), reused[4])
+    assert first_race(waited) is None
+
+
+def test_a_write_racing_an_earlier_write_on_another_stream_fails_and_program_order_holds():
+    assert first_race((write("comm"), write("comm"), read("comm"))) is None
+    assert first_race((write("comm"), write("compute"))) == (
+        "all_to_all on stream compute writes dispatch recv of microbatch 1, written by "
+        "all_to_all on stream comm with no event wait ordering the two writes")
+
+
+def test_only_the_reads_since_the_latest_write_are_judged_against_a_write():
+    ops = (write("comm"), read("compute"))  # races; judged at the read, not again later
+    assert first_race(ops) is not None
+    ordered = (write("comm"), record_on("comm", "e0"), wait_on("compute", "e0"),
+               read("compute"), record_on("compute", "e1"), wait_on("comm", "e1"),
+               write("comm"), read("comm"))
+    assert first_race(ordered) is None
