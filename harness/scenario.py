@@ -229,7 +229,32 @@ def scenario_from_dict(data: Any) -> Scenario:
     for key in ("name", "description"):
         if not isinstance(data.get(key, ""), str):
             raise ConfigError(key, f"must be a string, got {data[key]!r}")
-    raw_steps = data.get("steps")
+    parsed = _rank_fields_of_steps(data.get("steps"))
+    kwargs = config_kwargs(data.get("config", {}))
+    kwargs.setdefault("dp_size", len(parsed[0]))
+    config = HarnessConfig.of(**kwargs)
+    steps = _built_steps(config, parsed)
+    raw_faults = data.get("faults", [])
+    if not isinstance(raw_faults, list):
+        raise ConfigError("faults", "must be a list")
+    faults = tuple(_fault_from_dict(f, f"faults[{i}]", config, len(steps))
+                   for i, f in enumerate(raw_faults))
+    expect = data.get("expect", {})
+    caught_by, reference = _expectation(expect)
+    scenario = Scenario(config, steps, faults, data.get("name", "scenario"),
+                        data.get("description", ""), caught_by,
+                        _caught_by_on(expect.get("caught_by_on", {})),
+                        tuple(sorted(reference.items())))
+    if reference:
+        try:
+            scenario.with_reference_behaviour()
+        except ConfigError as exc:
+            raise ConfigError(f"expect.reference.{exc.field}", exc.message) from None
+    return scenario
+
+
+def _rank_fields_of_steps(raw_steps: Any) -> list[list[dict[str, Any]]]:
+    """Each step's ranks as checked fields; every step with the same number of ranks."""
     if not isinstance(raw_steps, list) or not raw_steps:
         raise ConfigError("steps", "must be a non-empty list")
     parsed = []
@@ -241,12 +266,12 @@ def scenario_from_dict(data: Any) -> Scenario:
         if not isinstance(ranks, list) or not ranks:
             raise ConfigError(f"steps[{i}].ranks", "must be a non-empty list, one per rank")
         parsed.append([rank_fields(r, f"steps[{i}].ranks[{j}]") for j, r in enumerate(ranks)])
-    widths = {len(ranks) for ranks in parsed}
-    if len(widths) != 1:
+    if len({len(ranks) for ranks in parsed}) != 1:
         raise ConfigError("steps", "every step needs the same number of ranks")
-    kwargs = config_kwargs(data.get("config", {}))
-    kwargs.setdefault("dp_size", widths.pop())
-    config = HarnessConfig.of(**kwargs)
+    return parsed
+
+
+def _built_steps(config: HarnessConfig, parsed) -> tuple[tuple[RankBatch, ...], ...]:
     steps = []
     for i, ranks in enumerate(parsed):
         # Each rank built once, here; `{"tokens": 10**12}` is refused before it is expanded.
@@ -257,12 +282,11 @@ def scenario_from_dict(data: Any) -> Scenario:
         except ConfigError as exc:
             raise ConfigError(f"steps[{i}].{exc.field}", exc.message) from None
         steps.append(built)
-    raw_faults = data.get("faults", [])
-    if not isinstance(raw_faults, list):
-        raise ConfigError("faults", "must be a list")
-    faults = tuple(_fault_from_dict(f, f"faults[{i}]", config, len(steps))
-                   for i, f in enumerate(raw_faults))
-    expect = data.get("expect", {})
+    return tuple(steps)
+
+
+def _expectation(expect: Any) -> tuple[str | None, dict[str, Any]]:
+    """`expect`'s checker and reference fields, checked (caught_by_on is read apart)."""
     if not isinstance(expect, dict):
         raise ConfigError("expect", "must be an object")
     unknown = set(expect) - {"caught_by", "caught_by_on", "reference"}
@@ -277,16 +301,7 @@ def scenario_from_dict(data: Any) -> Scenario:
     for key in reference:
         if key not in FLAT_FIELDS:
             raise ConfigError(f"expect.reference.{key}", "is not a config field")
-    scenario = Scenario(config, tuple(steps), faults, data.get("name", "scenario"),
-                        data.get("description", ""), caught_by,
-                        _caught_by_on(expect.get("caught_by_on", {})),
-                        tuple(sorted(reference.items())))
-    if reference:
-        try:
-            scenario.with_reference_behaviour()
-        except ConfigError as exc:
-            raise ConfigError(f"expect.reference.{exc.field}", exc.message) from None
-    return scenario
+    return caught_by, reference
 
 
 def load_scenario(path: str | Path) -> Scenario:

@@ -193,35 +193,8 @@ def draw_decision_map(dmap: DecisionMap, path: str | Path) -> Path:
               extent=(-half, top + half, -half, top + half))
     handles: list = [Patch(color=COLOURS[k], label=LABELS[k]) for k in KINDS
                      if k != "piecewise" or any("piecewise" in row for row in grid)]
-    boundaries = guard_boundaries(config, limit)
-    # Label a handful of graphs; the default ladder has dozens.
-    label_every = math.ceil(len(boundaries) / 8) if boundaries else 1
-    for i, b in enumerate(boundaries):
-        # On the cell edge: the column of the last region start is still on the eager side.
-        x = b.min_tokens + 0.5
-        # Below the diagonal no step exists (the minimum exceeds the maximum).
-        low = max(b.max_low, b.min_tokens)
-        ax.vlines(x, low - half, b.max_high + half, colors="black", linestyles="--",
-                  linewidth=1.2)
-        if i % label_every == 0 or i == len(boundaries) - 1:
-            ax.annotate(f"G={b.graph_tokens}", (x, b.max_high), fontsize=7, xytext=(-3, -8),
-                        textcoords="offset points", ha="right")
-    if boundaries:
-        handles.append(Line2D([], [], color="black", linestyle="--",
-                              label="guard of graph G: a min at or left of the line\n"
-                                    "(<= G/k*(k-1)) must not replay G"))
-    if dmap.failing:
-        xs, ys = zip(*sorted(set(dmap.failing)), strict=True)
-        handles.append(ax.scatter(xs, ys, marker="x", c="red", s=25, linewidths=1.2,
-                                  label=f"failing example ({len(dmap.failing)})"))
-    if dmap.findings:
-        xs, ys, _ = zip(*dmap.findings, strict=True)
-        handles.append(ax.scatter(xs, ys, marker="o", s=160, facecolors="none",
-                                  edgecolors="black", linewidths=2, label="finding (shrunk)"))
-        for x, y, checker in dmap.findings:
-            # Up and right: the graph labels sit left of and below the top of their line.
-            ax.annotate(checker, (x, y), xytext=(9, 5), textcoords="offset points",
-                        fontsize=8, bbox={"boxstyle": "round", "fc": "white", "alpha": 0.8})
+    handles += _draw_guard_lines(ax, guard_boundaries(config, limit), half, Line2D)
+    handles += _draw_examples(ax, dmap)
     points = [*dmap.failing, *((x, y) for x, y, _ in dmap.findings)]
     # A little room past the last cell, so markers on the edge are not clipped.
     edge = max([top, *(max(p) for p in points)]) + max(half, top / 50)
@@ -236,6 +209,45 @@ def draw_decision_map(dmap: DecisionMap, path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100, bbox_inches="tight")
     return path
+
+
+def _draw_guard_lines(ax, boundaries, half: float, line_cls) -> list:
+    """Each microbatched graph's guard boundary as a dashed line; its legend handle."""
+    # Label a handful of graphs; the default ladder has dozens.
+    label_every = math.ceil(len(boundaries) / 8) if boundaries else 1
+    for i, b in enumerate(boundaries):
+        # On the cell edge: the column of the last region start is still on the eager side.
+        x = b.min_tokens + 0.5
+        # Below the diagonal no step exists (the minimum exceeds the maximum).
+        low = max(b.max_low, b.min_tokens)
+        ax.vlines(x, low - half, b.max_high + half, colors="black", linestyles="--",
+                  linewidth=1.2)
+        if i % label_every == 0 or i == len(boundaries) - 1:
+            ax.annotate(f"G={b.graph_tokens}", (x, b.max_high), fontsize=7, xytext=(-3, -8),
+                        textcoords="offset points", ha="right")
+    if not boundaries:
+        return []
+    return [line_cls([], [], color="black", linestyle="--",
+                     label="guard of graph G: a min at or left of the line\n"
+                           "(<= G/k*(k-1)) must not replay G")]
+
+
+def _draw_examples(ax, dmap: DecisionMap) -> list:
+    """The failing examples and the shrunk findings, marked; their legend handles."""
+    handles = []
+    if dmap.failing:
+        xs, ys = zip(*sorted(set(dmap.failing)), strict=True)
+        handles.append(ax.scatter(xs, ys, marker="x", c="red", s=25, linewidths=1.2,
+                                  label=f"failing example ({len(dmap.failing)})"))
+    if dmap.findings:
+        xs, ys, _ = zip(*dmap.findings, strict=True)
+        handles.append(ax.scatter(xs, ys, marker="o", s=160, facecolors="none",
+                                  edgecolors="black", linewidths=2, label="finding (shrunk)"))
+        for x, y, checker in dmap.findings:
+            # Up and right: the graph labels sit left of and below the top of their line.
+            ax.annotate(checker, (x, y), xytext=(9, 5), textcoords="offset points",
+                        fontsize=8, bbox={"boxstyle": "round", "fc": "white", "alpha": 0.8})
+    return handles
 
 
 def draw_decision_maps(logs: RunLogs, out_dir: str | Path) -> tuple[Path, ...]:
