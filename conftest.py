@@ -17,6 +17,9 @@ settings.load_profile(profile_from_environment())
 one_intra_op_thread()  # each pytest worker judges on one core; xdist runs two of them
 
 _SUMMARY: list[tuple[str, int, int, bool, str, float]] = []
+_TEST_TIME: dict[str, list] = {}  # harness/report/suite_time.py: the closing time table
+_LIFECYCLE: dict[str, list] = {}
+_SESSION_START = time.monotonic()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -182,8 +185,7 @@ def world(request: pytest.FixtureRequest, nproc: int):
 
     inner = _session_world(request, nproc, DEFAULT_TIMEOUTS)
     yield _SummarisedWorld(inner)
-    leftover = inner.close()
-    assert not leftover, f"processes of the world outlived it: {leftover}"
+    _close_and_clock(inner)
 
 
 @pytest.fixture(scope="session")
@@ -193,8 +195,40 @@ def fuzz_world(request: pytest.FixtureRequest, nproc: int):
 
     inner = _session_world(request, nproc, FUZZ_TIMEOUTS)
     yield inner
-    leftover = inner.close()
+    _close_and_clock(inner)
+
+
+def _close_and_clock(world) -> None:
+    from harness.report.suite_time import add_clock
+
+    leftover = world.close()
+    clock = getattr(world, "clock", None)  # worlds of rank processes keep one
+    if clock is not None:
+        add_clock(_LIFECYCLE, clock.totals())
     assert not leftover, f"processes of the world outlived it: {leftover}"
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    from harness.report.suite_time import add_test
+
+    add_test(_TEST_TIME, report.nodeid, report.when, report.duration)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    # An xdist worker hands its scenarios and worlds' clocks to the controller's table.
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output["harness_summary"] = [list(row) for row in _SUMMARY]
+        output["harness_lifecycle"] = _LIFECYCLE
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    from harness.report.suite_time import add_clock
+
+    output = getattr(node, "workeroutput", {})
+    _SUMMARY.extend(tuple(row) for row in output.get("harness_summary", ()))
+    add_clock(_LIFECYCLE, output.get("harness_lifecycle", {}))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
@@ -212,6 +246,17 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     passed = sum(1 for row in _SUMMARY if row[3])
     tr.write_line(f"{len(_SUMMARY)} scenarios: {passed} held every checker, "
                   f"{len(_SUMMARY) - passed} were caught by one")
+    _print_time_table(tr, config)
+
+
+def _print_time_table(tr, config: pytest.Config) -> None:
+    from harness.report.suite_time import time_table
+
+    workers = config.getoption("numprocesses", None) or 1
+    tr.section("where the time went")
+    for line in time_table(_TEST_TIME, _LIFECYCLE, time.monotonic() - _SESSION_START,
+                           workers):
+        tr.write_line(line)
 
 
 def _by_name(rows):

@@ -45,5 +45,34 @@ def test_no_detection_seeds_skips_the_detection_table(monkeypatch, capsys):
     monkeypatch.setattr(bench, "decode_examples", lambda n: [])
     monkeypatch.setattr(bench, "print_throughput", lambda *a: print("throughput"))
     monkeypatch.setattr(bench, "detection_rows", lambda *a: pytest.fail("detection ran"))
-    assert main(["--detection-seeds", "0", "--dp4-examples", "0"]) == 0
+    monkeypatch.setattr(bench, "rebuild_rows", lambda *a, **k: pytest.fail("rebuilds ran"))
+    assert main(["--detection-seeds", "0", "--dp4-examples", "0", "--rebuild-rounds", "0"]) == 0
     assert capsys.readouterr().out.strip() == "throughput"
+
+
+def test_the_rebuild_rows_follow_the_throughput_table_with_their_medians(monkeypatch, capsys):
+    import harness.bench.throughput as bench
+    from harness.bench.rebuilds import RebuildRow
+
+    monkeypatch.setattr(bench, "decode_examples", lambda n: [])
+    monkeypatch.setattr(bench, "print_throughput", lambda *a: print("throughput"))
+    asked = []
+
+    def rows(backend, rounds):
+        asked.append((backend, rounds))
+        return [RebuildRow("soft rebuild (a fresh group, same processes)", backend,
+                           (0.004, 0.006, 0.005))]
+
+    monkeypatch.setattr(bench, "rebuild_rows", rows)
+    assert main(["--detection-seeds", "0", "--dp4-examples", "0", "--rebuild-rounds", "3"]) == 0
+    out = capsys.readouterr().out
+    assert asked == [("gloo", 3)]
+    soft = next(line for line in out.splitlines() if line.startswith("soft rebuild"))
+    assert soft.split()[-4:] == ["gloo", "3", "5", "6"]  # backend, n, median ms, worst ms
+
+
+def test_a_negative_rebuild_count_is_refused_in_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--rebuild-rounds", "-1"])
+    assert exit_.value.code == 2
+    assert "--rebuild-rounds: a count of failures, not -1" in capsys.readouterr().err

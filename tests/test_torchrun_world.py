@@ -98,6 +98,25 @@ def test_a_killed_rank_is_named_and_the_world_is_rebuilt(faulty_world):
     assert faulty_world.launches > launches
 
 
+def test_a_failure_every_rank_survives_forms_a_fresh_group_in_the_same_processes(
+        faulty_world):
+    if faulty_world.backend != "gloo":
+        pytest.skip("an NCCL communicator is not re-formed in place: that world relaunches")
+    assert run_and_check_cleanup(faulty_world, scenario([], nproc=faulty_world.nproc)).ok
+    pids, launches = dict(faulty_world.rank_pids), faulty_world.launches
+    regroups = faulty_world.regroups
+    config = dict(SMALL, cudagraph_mode="NONE", all2all_backend="deepep_high_throughput")
+    result = run_and_check_cleanup(faulty_world, scenario(
+        [{"kind": "raise_in_ubatch", "rank": 0, "step": 0}], config, nproc=faulty_world.nproc))
+    assert result.steps[0].records[0].error.kind == "MicrobatchFailed"
+    assert "formed a fresh group" in result.evidence and "--- rank 1 stacks ---" in result.evidence
+    assert (faulty_world.launches, faulty_world.regroups) == (launches, regroups + 1)
+    assert faulty_world.clock.regroups[-1] < 1.0
+    # The fresh group carries the next scenario's collectives, in the same processes.
+    assert run_and_check_cleanup(faulty_world, scenario([], nproc=faulty_world.nproc)).ok
+    assert faulty_world.rank_pids == pids
+
+
 def test_a_rank_that_aborts_is_named_with_its_signal_and_last_collective(faulty_world):
     launches = faulty_world.launches
     result = run_and_check_cleanup(faulty_world, scenario(
@@ -138,7 +157,7 @@ def test_a_rank_that_skips_the_sync_leaves_its_peer_timing_out_not_hanging(fault
     assert records[1].error.kind == "InjectedFault"
     assert "CollectiveTimeout" in records[0].error.describe()
     assert [s.ok for s in result.steps] == [True]
-    # The world is rebuilt after it, and shows every rank's stacks first.
+    # The ranks form a fresh group after it (or relaunch), and show their stacks first.
     assert all(f"--- rank {r} stacks ---" in result.evidence for r in range(faulty_world.nproc))
 
 

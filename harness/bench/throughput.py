@@ -24,6 +24,7 @@ from harness.bench.cpu import ceiling_per_second, cores, cpu_seconds
 from harness.bench.detection import detection_rows, print_detection, random_seeds
 from harness.bench.examples import decode_examples
 from harness.bench.multinode import dp4_rows, print_dp4
+from harness.bench.rebuilds import print_rebuilds, rebuild_rows
 from harness.check.judge import judge
 from harness.check.stream import judge_stream
 from harness.scenario import Scenario
@@ -185,13 +186,25 @@ def main(argv: list[str] | None = None) -> int:
                         help="only the table of time to detection")
     parser.add_argument("--dp4-examples", type=int, default=200,
                         help="examples through each DP 4 layout (0: skip those rows)")
+    parser.add_argument("--rebuild-rounds", type=int, default=5,
+                        help="failures per rebuild row (cold start, soft, hard with and "
+                        "without a spare; 0: skip those rows)")
+    parser.add_argument("--rebuilds-only", action="store_true",
+                        help="only the rebuild rows")
+    parser.add_argument("--rebuild-backend", choices=["gloo", "nccl"], default="gloo",
+                        help="the torchrun world's backend in the rebuild rows")
     args = parser.parse_args(argv)
 
     if args.detection_seeds < 0:
         parser.error(f"--detection-seeds: a count of seeds, not {args.detection_seeds}")
+    if args.rebuild_rounds < 0:
+        parser.error(f"--rebuild-rounds: a count of failures, not {args.rebuild_rounds}")
     if not 1 <= args.batch <= MAX_BATCH:
         parser.error(f"--batch: examples per round trip must be 1 to {MAX_BATCH}, not "
                      f"{args.batch}")
+    if args.rebuilds_only:
+        print_rebuilds(rebuild_rows(args.rebuild_backend, rounds=args.rebuild_rounds or 5))
+        return 0
     examples = decode_examples(args.examples)
     if args.sim_only:
         print_rows(sim_rows(examples), None)
@@ -200,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
         print_throughput(examples, args.spawned, args.batch)
         if args.dp4_examples:
             print_dp4(dp4_rows(args.dp4_examples))
+        if args.rebuild_rounds:
+            print_rebuilds(rebuild_rows(args.rebuild_backend, rounds=args.rebuild_rounds))
     if not args.detection_seeds:
         return 0
     names = tuple(args.variants.split(",")) if args.variants else None

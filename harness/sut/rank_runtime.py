@@ -97,6 +97,13 @@ class RankRuntime:
         """Back to the initial per-request state, for the next scenario on the same graphs."""
         self.cache.state.copy_(initial_state(self.config, self.rank))
 
+    @property
+    def has_pending_run(self) -> bool:
+        return self.runner.has_pending_run
+
+    def alive_threads(self) -> tuple[str, ...]:
+        return tuple(self.runner.alive_threads())
+
     def startup(self) -> StartupRecord:
         start = time.monotonic()
         error = None
@@ -107,7 +114,7 @@ class RankRuntime:
         planned = tuple(d.label() for d in self.table.capture_order()
                         if d.cg_mode is CudaGraphMode.FULL)
         return StartupRecord(self.rank, planned, self._graph_records(), error,
-                             tuple(self.runner.alive_threads()), self.runner.has_pending_run,
+                             self.alive_threads(), self.has_pending_run,
                              time.monotonic() - start)
 
     def _graph_records(self) -> tuple[GraphRecord, ...]:
@@ -171,8 +178,7 @@ class RankRuntime:
             # A wedged device would block any read; its rows are left out.
             outputs=() if wedged else rows_of(outputs),
             state=() if wedged else rows_of(self.cache.state),
-            threads_alive=tuple(self.runner.alive_threads()),
-            pending_run=self.runner.has_pending_run, error=error,
+            threads_alive=self.alive_threads(), pending_run=self.has_pending_run, error=error,
             injected_fault=bool(faults), seconds=time.monotonic() - start)
 
     def _received_routes(self, split, completed: bool) -> tuple[tuple[int, int, int], ...]:

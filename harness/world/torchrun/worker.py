@@ -177,13 +177,27 @@ class Worker:
 
     def regroup(self, generation: int, timeout_s: float) -> None:
         """Leave the group a failed step broke for a fresh one (harness/world/torchrun/world.py,
-        `_regroup`); everything built over the old group goes with it."""
+        `_regroup`); everything built over the old group goes with it. A rank that still
+        holds a microbatch thread or a begun run refuses: only a relaunch makes it clean."""
+        leftovers = self.leftovers()
+        if leftovers:
+            self.channel.send(RegroupFailed(self.rank, f"not clean: {leftovers}"))
+            return
         try:
             self.group = fresh_group(generation, timeout_s)
             self.runtimes.clear()
             self.channel.send(Regrouped(self.rank))
         except Exception:  # noqa: BLE001 - the driver relaunches the world instead
             self.channel.send(RegroupFailed(self.rank, traceback.format_exc()))
+
+    def leftovers(self) -> list[str]:
+        """What the runtimes of this rank left running: thread names, begun runs."""
+        found = []
+        for runtime, _ in self.runtimes.values():
+            found += [f"thread {name}" for name in runtime.alive_threads()]
+            if runtime.has_pending_run:
+                found.append("a begun run")
+        return found
 
     def _runtime(self, config, timeouts: Timeouts):
         key = (config, timeouts)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Iterator
 
-from harness.config import Execution
 from harness.errors import ConfigError
 from harness.history.records import StartupRecord
 from harness.history.scenario_history import ScenarioHistory, step_failed, steps_may_run
@@ -21,6 +20,7 @@ from harness.timeouts import DEFAULT_TIMEOUTS, Timeouts
 from harness.world.channel.links import RankLinks
 from harness.world.channel.messages import Regroup, Regrouped, RunScenario
 from harness.world.channel.wire import ChannelClosed
+from harness.world.lifecycle_clock import LifecycleClock
 from harness.world.torchrun.agent_launch import STOP_TIMEOUT_S
 from harness.world.torchrun.backends import check_backend, rank_device
 from harness.world.torchrun.batches import BATCH_SIZE, run_batched
@@ -51,6 +51,7 @@ class TorchrunWorld:
         self.timeouts = timeouts.with_device_fence() if backend == "nccl" else timeouts
         self.preload_vllm = preload_vllm
         self.regroups = 0  # failures the same rank processes survived with a fresh group
+        self.clock = LifecycleClock()
         self.links = RankLinks()
         self.formation = Formation(nproc)
         self.rig: Rig = rig if rig is not None else LocalAgent(
@@ -96,12 +97,14 @@ class TorchrunWorld:
 
     def start(self) -> None:
         self._clean_captures.clear()
-        self.rig.start(self.links, self.formation, self.timeouts)
+        with self.clock.timing(self.clock.starts):
+            self.rig.start(self.links, self.formation, self.timeouts)
 
     def end_world(self) -> list[int]:
         """End the world after a failure; the pids of it still alive (must be none)."""
         self._clean_captures.clear()
-        return self.rig.end_world(self.links, self.timeouts)
+        with self.clock.timing(self.clock.ends):
+            return self.rig.end_world(self.links, self.timeouts)
 
     def close(self) -> list[int]:
         """Stop the world (and its spare, or its nodes' agents). Returns the pids that were
@@ -123,10 +126,15 @@ class TorchrunWorld:
         failed = not steps_may_run(startup) or any(step_failed(s) for s in steps)
         if not evidence and steps_may_run(startup):
             self._clean_captures[(self.launches, scenario.config)] = tuple(startup)
-        if failed and not evidence and self._may_regroup(scenario, steps) and self._regroup():
-            return ScenarioHistory(scenario, self.timeouts, tuple(startup),
-                                   tuple(tuple(s) for s in steps),
-                                   "a rank failed; the same ranks formed a fresh group")
+        if failed and not evidence and self._may_regroup(startup, steps):
+            with self.clock.timing(self.clock.regroups):
+                # Every rank shows where it stands (stacks, last collectives) first.
+                shown = self.rig.rank_evidence(
+                    "a rank failed; the same ranks formed a fresh group", self.links)
+                regrouped = self._regroup()
+            if regrouped:
+                return ScenarioHistory(scenario, self.timeouts, tuple(startup),
+                                       tuple(tuple(s) for s in steps), shown)
         if evidence or failed:
             # A timed-out or broken collective leaves the groups unusable: fresh world next,
             # once every rank still alive has shown where it stands.
@@ -139,15 +147,16 @@ class TorchrunWorld:
         return ScenarioHistory(scenario, self.timeouts, tuple(startup),
                                tuple(tuple(s) for s in steps), evidence)
 
-    def _may_regroup(self, scenario: Scenario, steps) -> bool:
-        """A failure every rank survived, with no thread or run left behind, under vLLM's
-        execution code (whose imports make a relaunch cost 15 s on two cores) on gloo."""
-        if (not self.rig.soft_rebuilds or scenario.config.system.execution is not Execution.VLLM
-                or self.backend != "gloo"):
+    def _may_regroup(self, startup, steps) -> bool:
+        """A failure every rank survived on gloo, with no thread or run left behind: a
+        fresh group in the same processes costs well under a second, a relaunch seconds."""
+        if not self.rig.soft_rebuilds or self.backend != "gloo":
             return False
         records = [r for s in steps for r in s]
-        return all(r is not None and not r.threads_alive and not r.pending_run
-                   and not (r.vllm_exec and r.vllm_exec.leftovers) for r in records)
+        if any(r is None for r in [*startup, *records]) or \
+                any(r.vllm_exec and r.vllm_exec.leftovers for r in records):
+            return False
+        return not any(r.threads_alive or r.pending_run for r in [*startup, *records])
 
     def _regroup(self) -> bool:
         """A soft rebuild: the ranks leave the failed group for a fresh one on torchrun's

@@ -1,0 +1,97 @@
+"""`make bench`'s rebuild rows: what a world costs to come up and to come back after a
+failure, by the world's own life-cycle clock (harness/world/lifecycle_clock.py).
+
+- cold start: the first launch of a world (torchrun, every rank importing torch, the group);
+- soft rebuild: a step fails and every rank survives, so the same processes form a fresh
+  group (an injected exception in one microbatch, under the abortable protocol);
+- hard rebuild: a rank is killed, so the world ends and relaunches, from a spare that booted
+  while clean examples ran, or (spares 0) from nothing.
+Between failures clean examples run for CLEAN_BETWEEN_S, long enough for a spare to boot
+(a cold start here); failures back to back (a shrink) find their spare still booting.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+from harness.check.judge import judge
+from harness.history.scenario_history import step_failed
+from harness.scenario import Scenario, scenario_from_dict
+from harness.timeouts import Timeouts
+from harness.world.torchrun.world import TorchrunWorld
+
+CONFIG = {"capture_sizes": [16, 32], "max_num_reqs": 32, "max_num_batched_tokens": 32,
+          "decode_threshold": 2, "prefill_threshold": 16, "cudagraph_mode": "NONE"}
+CLEAN_BETWEEN_S = 3.0  # clean examples between two failures, for this long
+BENCH_TIMEOUTS = Timeouts(collective_s=1.0, hang_s=1.5, step_deadline_s=3.0)  # the fuzzer's
+
+
+@dataclass(frozen=True)
+class RebuildRow:
+    what: str
+    backend: str
+    samples: tuple[float, ...]
+
+    @property
+    def median_ms(self) -> float:
+        return 1000 * statistics.median(self.samples) if self.samples else float("nan")
+
+    @property
+    def worst_ms(self) -> float:
+        return 1000 * max(self.samples) if self.samples else float("nan")
+
+
+def _scenario(name: str, faults: list[dict], nproc: int) -> Scenario:
+    return scenario_from_dict({"name": name, "config": dict(CONFIG, dp_size=nproc),
+                               "steps": [{"ranks": [12] * nproc}], "faults": faults})
+
+
+def _fail_and_recover(world: TorchrunWorld, failing: Scenario, clean: Scenario,
+                      rounds: int) -> None:
+    for _ in range(rounds):
+        history = world.run(failing)
+        assert any(step_failed(step) for step in history.steps), "the fault failed no step"
+        until = time.monotonic() + CLEAN_BETWEEN_S
+        while time.monotonic() < until:
+            assert judge(world.run(clean)).ok, "a clean example failed after a rebuild"
+
+
+def rebuild_rows(backend: str = "gloo", nproc: int = 2, rounds: int = 5,
+                 device: str | None = None) -> list[RebuildRow]:
+    clean = _scenario("clean", [], nproc)
+    soft = _scenario("raise", [{"kind": "raise_in_ubatch", "rank": 0, "step": 0}], nproc)
+    killed = _scenario("kill", [{"kind": "kill_rank", "rank": nproc - 1, "step": 0}], nproc)
+    rows = []
+    with TorchrunWorld(nproc, backend, BENCH_TIMEOUTS, device, spares=1) as world:
+        world.run(clean)
+        rows.append(RebuildRow("cold start (launch, imports, group)", backend,
+                               tuple(world.clock.starts)))
+        _fail_and_recover(world, soft, clean, rounds)
+        if world.clock.regroups:
+            rows.append(RebuildRow("soft rebuild (a fresh group, same processes)", backend,
+                                   tuple(world.clock.regroups)))
+        ends = len(world.clock.ends)
+        _fail_and_recover(world, killed, clean, rounds)
+        rows.append(_hard_row("hard rebuild, from a spare", world, ends))
+    with TorchrunWorld(nproc, backend, BENCH_TIMEOUTS, device, spares=0) as world:
+        world.run(clean)
+        _fail_and_recover(world, killed, clean, rounds)
+        rows.append(_hard_row("hard rebuild, no spare", world, 0))
+    return rows
+
+
+def _hard_row(what: str, world: TorchrunWorld, skip: int) -> RebuildRow:
+    """End plus relaunch of each hard rebuild after the first `skip` ends."""
+    ends = world.clock.ends[skip:]
+    starts = world.clock.relaunches[-len(ends):] if ends else []
+    return RebuildRow(f"{what} (end + relaunch)", world.backend,
+                      tuple(e + s for e, s in zip(ends, starts, strict=True)))
+
+
+def print_rebuilds(rows: list[RebuildRow]) -> None:
+    print(f"\n{'rebuild':52} {'backend':>7} {'n':>3} {'median ms':>10} {'worst ms':>9}")
+    for row in rows:
+        print(f"{row.what:52} {row.backend:>7} {len(row.samples):>3} {row.median_ms:10.0f} "
+              f"{row.worst_ms:9.0f}")
