@@ -6,8 +6,9 @@ failure, by the world's own life-cycle clock (harness/world/lifecycle_clock.py).
   group (an injected exception in one microbatch, under the abortable protocol);
 - hard rebuild: a rank is killed, so the world ends and relaunches, from a spare that booted
   while clean examples ran, or (spares 0) from nothing.
-Between failures clean examples run for CLEAN_BETWEEN_S, long enough for a spare to boot
-(a cold start here); failures back to back (a shrink) find their spare still booting.
+Between failures clean examples run for the longer of CLEAN_BETWEEN_S and twice the cold
+start, so that a spare has booted; failures back to back (a shrink) find it still booting.
+Each hard rebuild is printed whole (end + relaunch) and in its two parts.
 """
 
 from __future__ import annotations
@@ -50,10 +51,11 @@ def _scenario(name: str, faults: list[dict], nproc: int) -> Scenario:
 
 def _fail_and_recover(world: TorchrunWorld, failing: Scenario, clean: Scenario,
                       rounds: int) -> None:
+    between = max(CLEAN_BETWEEN_S, 2 * world.clock.starts[0])
     for _ in range(rounds):
         history = world.run(failing)
         assert any(step_failed(step) for step in history.steps), "the fault failed no step"
-        until = time.monotonic() + CLEAN_BETWEEN_S
+        until = time.monotonic() + between
         while time.monotonic() < until:
             assert judge(world.run(clean)).ok, "a clean example failed after a rebuild"
 
@@ -74,20 +76,22 @@ def rebuild_rows(backend: str = "gloo", nproc: int = 2, rounds: int = 5,
                                    tuple(world.clock.regroups)))
         ends = len(world.clock.ends)
         _fail_and_recover(world, killed, clean, rounds)
-        rows.append(_hard_row("hard rebuild, from a spare", world, ends))
+        rows += _hard_rows("hard rebuild, from a spare", world, ends)
     with TorchrunWorld(nproc, backend, BENCH_TIMEOUTS, device, spares=0) as world:
         world.run(clean)
         _fail_and_recover(world, killed, clean, rounds)
-        rows.append(_hard_row("hard rebuild, no spare", world, 0))
+        rows += _hard_rows("hard rebuild, no spare", world, 0)
     return rows
 
 
-def _hard_row(what: str, world: TorchrunWorld, skip: int) -> RebuildRow:
-    """End plus relaunch of each hard rebuild after the first `skip` ends."""
-    ends = world.clock.ends[skip:]
-    starts = world.clock.relaunches[-len(ends):] if ends else []
-    return RebuildRow(f"{what} (end + relaunch)", world.backend,
-                      tuple(e + s for e, s in zip(ends, starts, strict=True)))
+def _hard_rows(what: str, world: TorchrunWorld, skip: int) -> list[RebuildRow]:
+    """End plus relaunch of each hard rebuild after the first `skip` ends, then each part."""
+    ends = tuple(world.clock.ends[skip:])
+    starts = tuple(world.clock.relaunches[-len(ends):]) if ends else ()
+    whole = tuple(e + s for e, s in zip(ends, starts, strict=True))
+    return [RebuildRow(f"{what} (end + relaunch)", world.backend, whole),
+            RebuildRow("  of which the end (stop, kill, reap)", world.backend, ends),
+            RebuildRow("  of which the relaunch", world.backend, starts)]
 
 
 def print_rebuilds(rows: list[RebuildRow]) -> None:

@@ -57,11 +57,11 @@ class Row:
         return 1000 * self.seconds / self.examples if self.examples else 0.0
 
 
-def persistent(examples: list[Scenario], batch_size: int = 0
+def persistent(examples: list[Scenario], batch_size: int = 0, backend: str = "gloo"
                ) -> tuple[Row, dict[str, float]]:
     """One world fed every example: one per round trip (`batch_size` 0), or `batch_size`
     per round trip, judged while the ranks run the next ones."""
-    with TorchrunWorld(2, timeouts=Timeouts()) as world:
+    with TorchrunWorld(2, backend, timeouts=Timeouts()) as world:
         world.start()
         world.run(examples[0])  # capture happens once per config
         kinds: dict[str, int] = {}
@@ -82,8 +82,8 @@ def persistent(examples: list[Scenario], batch_size: int = 0
         elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
         ranks_cpu = cpu_seconds(pids) - ranks_cpu
     mix = ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
-    mode = (f"persistent world, batches of {batch_size}, pipelined" if batch_size
-            else "persistent world, one example per round trip")
+    mode = (f"persistent {backend} world, batches of {batch_size}, pipelined" if batch_size
+            else f"persistent {backend} world, one example per round trip")
     cpu_ms = 1000 * (ranks_cpu + cpu) / len(examples)
     return (Row(mode, len(examples), elapsed, mix, _shares(elapsed, sum(worker_s), cpu), cpu_ms),
             {f"rank step (ms, median), {mode}": 1000 * statistics.median(worker_s)})
@@ -94,25 +94,26 @@ def _shares(elapsed: float, ranks_s: float, driver_s: float) -> tuple[float, flo
     return ranks, driver, max(0.0, 1.0 - ranks - driver)
 
 
-def spawn_per_example(examples: list[Scenario]) -> Row:
+def spawn_per_example(examples: list[Scenario], backend: str = "gloo") -> Row:
     start = time.perf_counter()
     for example in examples:
-        with TorchrunWorld(2, timeouts=Timeouts()) as world:
+        with TorchrunWorld(2, backend, timeouts=Timeouts()) as world:
             assert judge(world.run(example)).ok
     return Row("fresh torchrun job per example", len(examples), time.perf_counter() - start)
 
 
-def collective_floor(iterations: int) -> Row:
+def collective_floor(iterations: int, backend: str = "gloo") -> Row:
     """The same collectives as a microbatched step, alone, in a 2-rank torchrun job."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           "-m", "harness.bench.floor", str(iterations)]
+           "-m", "harness.bench.floor", str(iterations), backend]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
                          env={**_env(), "PYTHONPATH": package_pythonpath()})
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode or not lines:
         raise RuntimeError(f"floor job failed:\n{out.stdout[-2000:]}{out.stderr[-2000:]}")
     result = json.loads(lines[-1])
-    return Row("collective floor (sync + 4 all-to-alls)", iterations, result["seconds"],
+    return Row(f"collective floor (sync + 4 all-to-alls, {backend})", iterations,
+               result["seconds"],
                cpu_ms=1000 * result["cpu"] / iterations)
 
 
@@ -167,7 +168,7 @@ def _env() -> dict[str, str]:
     return dict(os.environ, OMP_NUM_THREADS="1")
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m harness.bench")
     parser.add_argument("--examples", type=int, default=400)
     parser.add_argument("--spawned", type=int, default=5)
@@ -191,10 +192,16 @@ def main(argv: list[str] | None = None) -> int:
                         "without a spare; 0: skip those rows)")
     parser.add_argument("--rebuilds-only", action="store_true",
                         help="only the rebuild rows")
-    parser.add_argument("--rebuild-backend", choices=["gloo", "nccl"], default="gloo",
-                        help="the torchrun world's backend in the rebuild rows")
-    args = parser.parse_args(argv)
+    parser.add_argument("--backend", choices=["gloo", "nccl"], default="gloo",
+                        help="the torchrun world's backend in the throughput, floor and "
+                        "rebuild rows (nccl: on a GPU, ranks sharing it where there are "
+                        "fewer GPUs)")
+    return parser
 
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
     if args.detection_seeds < 0:
         parser.error(f"--detection-seeds: a count of seeds, not {args.detection_seeds}")
     if args.rebuild_rounds < 0:
@@ -203,18 +210,18 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--batch: examples per round trip must be 1 to {MAX_BATCH}, not "
                      f"{args.batch}")
     if args.rebuilds_only:
-        print_rebuilds(rebuild_rows(args.rebuild_backend, rounds=args.rebuild_rounds or 5))
+        print_rebuilds(rebuild_rows(args.backend, rounds=args.rebuild_rounds or 5))
         return 0
     examples = decode_examples(args.examples)
     if args.sim_only:
         print_rows(sim_rows(examples), None)
         return 0
     if not args.detection_only:
-        print_throughput(examples, args.spawned, args.batch)
+        print_throughput(examples, args.spawned, args.batch, args.backend)
         if args.dp4_examples:
             print_dp4(dp4_rows(args.dp4_examples))
         if args.rebuild_rounds:
-            print_rebuilds(rebuild_rows(args.rebuild_backend, rounds=args.rebuild_rounds))
+            print_rebuilds(rebuild_rows(args.backend, rounds=args.rebuild_rounds))
     if not args.detection_seeds:
         return 0
     names = tuple(args.variants.split(",")) if args.variants else None
@@ -227,12 +234,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_throughput(examples: list[Scenario], spawned_count: int,
-                     batch_size: int = BATCH_SIZE) -> None:
-    floor = collective_floor(len(examples))
-    batched, extra = persistent(examples, batch_size)
-    steady, extra_one = persistent(examples)
-    spawned = spawn_per_example(examples[:spawned_count])
-    print_rows([batched, steady, spawned, floor, *sim_rows(examples)], floor)
+                     batch_size: int = BATCH_SIZE, backend: str = "gloo") -> None:
+    """The torchrun rows on `backend`; the sim world's rows beside them on gloo only."""
+    floor = collective_floor(len(examples), backend)
+    batched, extra = persistent(examples, batch_size, backend)
+    steady, extra_one = persistent(examples, backend=backend)
+    spawned = spawn_per_example(examples[:spawned_count], backend)
+    sims = sim_rows(examples) if backend == "gloo" else []
+    print_rows([batched, steady, spawned, floor, *sims], floor)
     for name, value in {**extra, **extra_one}.items():
         print(f"{name}: {value:.2f}")
 
