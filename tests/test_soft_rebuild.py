@@ -44,6 +44,13 @@ def test_a_rank_that_left_no_record_forbids_the_regroup():
     assert not TorchrunWorld(2)._may_regroup(startup_records(2), steps)
 
 
+def test_a_rank_whose_device_is_wedged_forbids_the_regroup():
+    steps = failed_step()
+    wedged = StepError("DeviceWedged", "rank 1 step 0: stream held by an all_to_all", None)
+    steps[0][1] = replace(steps[0][1], error=wedged)
+    assert not TorchrunWorld(2)._may_regroup(startup_records(2), steps)
+
+
 def test_a_nccl_world_never_regroups_in_place():
     world = TorchrunWorld(2)
     world.backend = "nccl"  # as an NCCL world answers; asking needs no GPU

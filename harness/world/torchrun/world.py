@@ -156,6 +156,9 @@ class TorchrunWorld:
         if any(r is None for r in [*startup, *records]) or \
                 any(r.vllm_exec and r.vllm_exec.leftovers for r in records):
             return False
+        # A rank whose device is still held by a collective touches it no more: relaunch.
+        if any(r.error is not None and r.error.kind == "DeviceWedged" for r in records):
+            return False
         return not any(r.threads_alive or r.pending_run for r in [*startup, *records])
 
     def _regroup(self) -> bool:
