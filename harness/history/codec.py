@@ -101,6 +101,8 @@ def encode(value: Any, hint: Any) -> Any:
     if kind == "enum":
         return value.name
     if arg is not None and arg[0] is float:
+        if all(map(math.isfinite, value)):  # a row of plain numbers, as almost every row is
+            return list(value)
         return [v if math.isfinite(v) else encode(v, float) for v in value]
     if arg is not None:
         return list(value)
@@ -128,14 +130,30 @@ def decode(data: Any, hint: Any, where: str = "") -> Any:
         return hint[data]
     if not isinstance(data, list):
         raise _wrong(where, "a list", data)
-    if arg is not None and arg[1] in (None, len(data)) and all(type(v) is arg[0]
-                                                                for v in data):
-        return tuple(data)
+    fast = _plain(data, hint)
+    if fast is not None:
+        return fast
     items = _items(hint, len(data))
     if len(items) != len(data):
         raise _wrong(where, f"a list of {len(items)} items", data)
-    pairs = enumerate(zip(data, items, strict=True))
-    return tuple(decode(v, h, f"{where}[{i}]") for i, (v, h) in pairs)
+    decoded = []
+    for i, (v, h) in enumerate(zip(data, items, strict=True)):
+        # Most items (rows, routes, counts) need no conversion: no path is built for them.
+        item = _plain(v, h)
+        decoded.append(decode(v, h, f"{where}[{i}]") if item is None else item)
+    return tuple(decoded)
+
+
+def _plain(data: Any, hint: Any) -> Any:
+    """`data` as it decodes when it needs no conversion (a leaf of its exact type, a list of
+    only such leaves for a tuple of them); None when it must go the checked way."""
+    kind, arg = _shape(hint)
+    if kind == "leaf":
+        return data if type(data) is hint else None
+    if (kind == "tuple" and arg is not None and type(data) is list
+            and arg[1] in (None, len(data)) and set(map(type, data)) <= {arg[0]}):
+        return tuple(data)
+    return None
 
 
 def _decode_fields(data: Any, cls: type, where: str) -> Any:
