@@ -46,6 +46,7 @@ def test_no_detection_seeds_skips_the_detection_table(monkeypatch, capsys):
     monkeypatch.setattr(bench, "print_throughput", lambda *a: print("throughput"))
     monkeypatch.setattr(bench, "detection_rows", lambda *a: pytest.fail("detection ran"))
     monkeypatch.setattr(bench, "rebuild_rows", lambda *a, **k: pytest.fail("rebuilds ran"))
+    monkeypatch.setattr(bench, "sandbox_rows", lambda *a, **k: pytest.fail("rebuilds ran"))
     assert main(["--detection-seeds", "0", "--dp4-examples", "0", "--rebuild-rounds", "0"]) == 0
     assert capsys.readouterr().out.strip() == "throughput"
 
@@ -64,9 +65,12 @@ def test_the_rebuild_rows_follow_the_throughput_table_with_their_medians(monkeyp
                            (0.004, 0.006, 0.005))]
 
     monkeypatch.setattr(bench, "rebuild_rows", rows)
+    monkeypatch.setattr(bench, "sandbox_rows", lambda rounds: [RebuildRow(
+        "sandboxed sim world: a runner forked after an abort", "gloo", (0.2,) * rounds)])
     assert main(["--detection-seeds", "0", "--dp4-examples", "0", "--rebuild-rounds", "3"]) == 0
     out = capsys.readouterr().out
     assert asked == [("gloo", 3)]
+    assert "sandboxed sim world: a runner forked after an abort" in out
     soft = next(line for line in out.splitlines() if line.startswith("soft rebuild"))
     assert soft.split()[-4:] == ["gloo", "3", "5", "6"]  # backend, n, median ms, worst ms
 

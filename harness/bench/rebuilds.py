@@ -8,7 +8,10 @@ failure, by the world's own life-cycle clock (harness/world/lifecycle_clock.py).
   while clean examples ran, or (spares 0) from nothing.
 Between failures clean examples run for the longer of CLEAN_BETWEEN_S and twice the cold
 start, so that a spare has booted; failures back to back (a shrink) find it still booting.
-Each hard rebuild is printed whole (end + relaunch) and in its two parts.
+Each hard rebuild is printed whole (end + relaunch) and in its two parts. The sandboxed sim
+world (the default) has rows of its own: its first runner forked from the zygote (started
+before it), and one forked anew after a rank aborted; the thread ranks' gloo group forms in
+the runner's first scenario, not here.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from harness.check.judge import judge
 from harness.history.scenario_history import step_failed
 from harness.scenario import Scenario, scenario_from_dict
 from harness.timeouts import Timeouts
+from harness.world.sandbox.world import SandboxedSimWorld
 from harness.world.torchrun.world import TorchrunWorld
 
 CONFIG = {"capture_sizes": [16, 32], "max_num_reqs": 32, "max_num_batched_tokens": 32,
@@ -82,6 +86,21 @@ def rebuild_rows(backend: str = "gloo", nproc: int = 2, rounds: int = 5,
         _fail_and_recover(world, killed, clean, rounds)
         rows += _hard_rows("hard rebuild, no spare", world, 0)
     return rows
+
+
+def sandbox_rows(nproc: int = 2, rounds: int = 5) -> list[RebuildRow]:
+    clean = _scenario("clean", [], nproc)
+    aborted = _scenario("abort", [{"kind": "abort_rank", "rank": nproc - 1, "step": 0}], nproc)
+    with SandboxedSimWorld(nproc, BENCH_TIMEOUTS) as world:
+        world.run(clean)
+        for _ in range(rounds):
+            history = world.run(aborted)
+            assert any(step_failed(step) for step in history.steps), "the abort failed no step"
+            assert judge(world.run(clean)).ok, "a clean example failed after a fresh runner"
+        first, again = world.clock.starts[0], world.clock.relaunches
+    return [RebuildRow("sandboxed sim world: first runner, forked", "gloo", (first,)),
+            RebuildRow("sandboxed sim world: a runner forked after an abort", "gloo",
+                       tuple(again))]
 
 
 def _hard_rows(what: str, world: TorchrunWorld, skip: int) -> list[RebuildRow]:

@@ -24,7 +24,7 @@ from harness.bench.cpu import ceiling_per_second, cores, cpu_seconds
 from harness.bench.detection import detection_rows, print_detection, random_seeds
 from harness.bench.examples import decode_examples
 from harness.bench.multinode import dp4_rows, print_dp4
-from harness.bench.rebuilds import print_rebuilds, rebuild_rows
+from harness.bench.rebuilds import print_rebuilds, rebuild_rows, sandbox_rows
 from harness.check.judge import judge
 from harness.check.stream import judge_stream
 from harness.scenario import Scenario
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--batch: examples per round trip must be 1 to {MAX_BATCH}, not "
                      f"{args.batch}")
     if args.rebuilds_only:
-        print_rebuilds(rebuild_rows(args.backend, rounds=args.rebuild_rounds or 5))
+        print_all_rebuilds(args.backend, args.rebuild_rounds or 5)
         return 0
     examples = decode_examples(args.examples)
     if args.sim_only:
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.dp4_examples:
             print_dp4(dp4_rows(args.dp4_examples))
         if args.rebuild_rounds:
-            print_rebuilds(rebuild_rows(args.backend, rounds=args.rebuild_rounds))
+            print_all_rebuilds(args.backend, args.rebuild_rounds)
     if not args.detection_seeds:
         return 0
     names = tuple(args.variants.split(",")) if args.variants else None
@@ -231,6 +231,12 @@ def main(argv: list[str] | None = None) -> int:
             for row in detection_rows(world, seeds, args.detection_budget, names)]
     print_detection(rows)
     return 0
+
+
+def print_all_rebuilds(backend: str, rounds: int) -> None:
+    """The torchrun world's rebuild rows on `backend`; the sandbox's beside them on gloo."""
+    sandbox = sandbox_rows(rounds=rounds) if backend == "gloo" else []
+    print_rebuilds(rebuild_rows(backend, rounds=rounds) + sandbox)
 
 
 def print_throughput(examples: list[Scenario], spawned_count: int,

@@ -47,6 +47,7 @@ from harness.world.channel.messages import (
 )
 from harness.world.channel.wire import Channel, ChannelClosed, expect_hello
 from harness.world.evidence import last_collective, native_abort_message
+from harness.world.lifecycle_clock import LifecycleClock
 from harness.world.processes.lifecycle import package_pythonpath, pid_alive
 from harness.world.sandbox.crash import crashed_history, describe_exit
 from harness.world.sim.world import refuse_threads_for_vllm_execution
@@ -203,6 +204,7 @@ class SandboxedSimWorld:
         self.timeouts = timeouts
         self.margin_s = margin_s
         self.launches = 0  # runners forked so far (one more after every death)
+        self.clock = LifecycleClock()  # each runner's fork and hello (the zygote starts before)
         self._dir = Path(tempfile.mkdtemp(prefix="dbo-sim-"))
         self._runner: tuple[Channel, int] | None = None
         self._zygote: Zygote | None = None
@@ -268,27 +270,32 @@ class SandboxedSimWorld:
 
     def _ensure_runner(self) -> tuple[Channel, int]:
         if self._runner is None:
-            self._zygote = _acquire_zygote()
-            try:
-                channel, pid = self._zygote.fork(self.nproc, self.timeouts, self._dir)
-            except (ChannelClosed, SandboxError):  # the zygote died: one fresh start
-                self._zygote = _acquire_zygote()
-                channel, pid = self._zygote.fork(self.nproc, self.timeouts, self._dir)
-            self.launches += 1
-            self._runner = (channel, pid)
-            try:
-                hello = expect_hello(channel, RunnerHello, ZYGOTE_START_S)
-            except ProtocolError:
-                self._end_runner()
-                raise
-            except (TimeoutError, ChannelClosed) as exc:
-                hello = exc
-            if hello != RunnerHello(pid):
-                code = self._end_runner()
-                raise SandboxError(f"the sim world's runner did not start ({hello!r}; it "
-                                   f"ended with {describe_exit(code)}):\n"
-                                   f"{_read_from(self._layout.runner_stderr, 0)[-2000:]}")
+            with self.clock.timing(self.clock.starts):
+                self._fork_runner()
         return self._runner
+
+    def _fork_runner(self) -> None:
+        """A runner forked from the zygote (started first if need be), saying hello."""
+        self._zygote = _acquire_zygote()
+        try:
+            channel, pid = self._zygote.fork(self.nproc, self.timeouts, self._dir)
+        except (ChannelClosed, SandboxError):  # the zygote died: one fresh start
+            self._zygote = _acquire_zygote()
+            channel, pid = self._zygote.fork(self.nproc, self.timeouts, self._dir)
+        self.launches += 1
+        self._runner = (channel, pid)
+        try:
+            hello = expect_hello(channel, RunnerHello, ZYGOTE_START_S)
+        except ProtocolError:
+            self._end_runner()
+            raise
+        except (TimeoutError, ChannelClosed) as exc:
+            hello = exc
+        if hello != RunnerHello(pid):
+            code = self._end_runner()
+            raise SandboxError(f"the sim world's runner did not start ({hello!r}; it "
+                               f"ended with {describe_exit(code)}):\n"
+                               f"{_read_from(self._layout.runner_stderr, 0)[-2000:]}")
 
     def _died(self, scenario, startup, steps, mark: int) -> ScenarioHistory:
         returncode = self._end_runner()
