@@ -21,16 +21,15 @@ import time
 from dataclasses import dataclass
 
 from harness.check.judge import judge
+from harness.fuzz.engine import FUZZ_TIMEOUTS  # a search's bounds: hangs cost seconds
 from harness.history.scenario_history import step_failed
 from harness.scenario import Scenario, scenario_from_dict
-from harness.timeouts import Timeouts
 from harness.world.sandbox.world import SandboxedSimWorld
 from harness.world.torchrun.world import TorchrunWorld
 
 CONFIG = {"capture_sizes": [16, 32], "max_num_reqs": 32, "max_num_batched_tokens": 32,
           "decode_threshold": 2, "prefill_threshold": 16, "cudagraph_mode": "NONE"}
 CLEAN_BETWEEN_S = 3.0  # clean examples between two failures, for this long
-BENCH_TIMEOUTS = Timeouts(collective_s=1.0, hang_s=1.5, step_deadline_s=3.0)  # the fuzzer's
 
 
 @dataclass(frozen=True)
@@ -70,7 +69,7 @@ def rebuild_rows(backend: str = "gloo", nproc: int = 2, rounds: int = 5,
     soft = _scenario("raise", [{"kind": "raise_in_ubatch", "rank": 0, "step": 0}], nproc)
     killed = _scenario("kill", [{"kind": "kill_rank", "rank": nproc - 1, "step": 0}], nproc)
     rows = []
-    with TorchrunWorld(nproc, backend, BENCH_TIMEOUTS, device, spares=1) as world:
+    with TorchrunWorld(nproc, backend, FUZZ_TIMEOUTS, device, spares=1) as world:
         world.run(clean)
         rows.append(RebuildRow("cold start (launch, imports, group)", backend,
                                tuple(world.clock.starts)))
@@ -81,7 +80,7 @@ def rebuild_rows(backend: str = "gloo", nproc: int = 2, rounds: int = 5,
         ends = len(world.clock.ends)
         _fail_and_recover(world, killed, clean, rounds)
         rows += _hard_rows("hard rebuild, from a spare", world, ends)
-    with TorchrunWorld(nproc, backend, BENCH_TIMEOUTS, device, spares=0) as world:
+    with TorchrunWorld(nproc, backend, FUZZ_TIMEOUTS, device, spares=0) as world:
         world.run(clean)
         _fail_and_recover(world, killed, clean, rounds)
         rows += _hard_rows("hard rebuild, no spare", world, 0)
@@ -91,7 +90,7 @@ def rebuild_rows(backend: str = "gloo", nproc: int = 2, rounds: int = 5,
 def sandbox_rows(nproc: int = 2, rounds: int = 5) -> list[RebuildRow]:
     clean = _scenario("clean", [], nproc)
     aborted = _scenario("abort", [{"kind": "abort_rank", "rank": nproc - 1, "step": 0}], nproc)
-    with SandboxedSimWorld(nproc, BENCH_TIMEOUTS) as world:
+    with SandboxedSimWorld(nproc, FUZZ_TIMEOUTS) as world:
         world.run(clean)
         for _ in range(rounds):
             history = world.run(aborted)
