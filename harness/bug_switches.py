@@ -53,6 +53,27 @@ class Guard(enum.Enum):
     FIXED = "fixed"  # eager when min <= (G // k) * (k - 1): the reference behaviour
     MERGED = "merged"  # eager when 2 * min < G: PR #51700 as merged, vllm 0.33.0
     STRICT_K2 = "strict-k2"  # eager when 2 * min <= G: the `<=` fix with the literal 2
+    # Real-token staging (PR #57184's idea, docs/spec.md §3.4): where `fixed` falls back to
+    # eager, every rank lays its real tokens over every region and keeps the twin.
+    STAGED = "staged"
+
+
+class StagingRestore(enum.Enum):
+    """Which rows a staged replay reads back into scheduled order (docs/spec.md §3.4)."""
+
+    INVERSE = "inverse"  # the rows the staging wrote: the reference
+    # The slip: the restore gives each region's extra token to the last regions instead of
+    # the first, so rows come back permuted (and padding rows read as real).
+    REMAINDER_LAST = "remainder-last"
+
+
+class StagingVote(enum.Enum):
+    """What decides whether a step is staged (docs/spec.md §3.4)."""
+
+    SYNCED = "synced"  # the gathered minimum: every rank decides the same
+    # The slip: a rank stages when its own last region would be empty; a peer whose own
+    # tokens reach it keeps the fixed guard and falls back to eager.
+    RANK_LOCAL = "rank-local"
 
 
 class CaptureOn(enum.Enum):
@@ -86,3 +107,63 @@ class SwitchToCompute(enum.Enum):
     # The slip: dbo_switch_to_compute, no event, so compute reads the receive unordered
     # (right rows on CPU, a race on a GPU).
     NO_WAIT = "no-wait"
+
+
+class Continuation(enum.Enum):
+    """What a request continued from an earlier microbatch counts as cached (vLLM #56031)."""
+
+    COUNTED = "counted"  # the step's count plus its tokens in earlier microbatches: reference
+    # The bug: the step's count alone, stale by the tokens the earlier microbatches ran.
+    STALE = "stale"
+
+
+class LookbackRefresh(enum.Enum):
+    """How a replay writes each microbatch's cached-token counts (vLLM #56440)."""
+
+    IN_PLACE = "in-place"  # into the storage the graph captured: the reference
+    # The bug: into fresh storage, so the graph reads the counts of an earlier run.
+    REBIND = "rebind"
+
+
+class IdsGatherWait(enum.Enum):
+    """When the comm stream that all-gathers the top-k ids waits for the compute stream
+    (execution vllm; ROCm/ATOM PR #1208's race, docs/spec.md §11.5)."""
+
+    AFTER_ROUTING = "after-routing"  # on an event recorded once the router wrote the ids
+    # The slip: the comm stream was synced at the layer's start, before the router wrote the
+    # ids, and nothing orders the write before the gather (right rows on CPU, a race on a GPU).
+    BEFORE_ROUTING = "before-routing"
+
+
+class IdleStep(enum.Enum):
+    """What a rank with no scheduled token does in a step (vLLM #43547, #44601, #53578)."""
+
+    DUMMY = "dummy"  # joins the DP sync and runs the agreed dummy batch: the reference
+    # The bug: returns early, so it issues none of the step's collectives and drifts.
+    SKIP = "skip"
+
+
+class DummyExecution(enum.Enum):
+    """How an idle rank runs the graph its peers replay (ROCm/ATOM #1697)."""
+
+    AGREED = "agreed"  # replays the agreed graph, as its peers do: the reference
+    # The bug: the dummy runs eagerly and unsplit, without the collectives baked into the
+    # graph its peers replay.
+    EAGER = "eager"
+
+
+class DraftSyncState(enum.Enum):
+    """What the DP sync state the drafter reuses may hold (vLLM #53694, #54856)."""
+
+    SYNCED = "synced"  # values every rank computed from the gathered matrix: the reference
+    # The slip: a step with drafts keeps the rank's own request count in the reused state.
+    RANK_LOCAL = "rank-local"
+
+
+class ReplayTag(enum.Enum):
+    """Where a dispatch's readiness tag comes from (DeepGEMM #451)."""
+
+    PER_RUN = "per-run"  # a device value refreshed in place before every run: the reference
+    # The bug: the value the host knew when the graph was captured, baked into it, so every
+    # replay ships the tag of an earlier run and it is taken as fresh.
+    CAPTURED = "captured"

@@ -44,7 +44,8 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
                    help="NONE, PIECEWISE, FULL, FULL_DECODE_ONLY or FULL_AND_PIECEWISE")
     g.add_argument("--max-num-reqs", type=int, metavar="N")
     g.add_argument("--max-num-batched-tokens", type=int, metavar="N")
-    g.add_argument("--guard", metavar="VARIANT", help="fixed (default), merged or strict-k2")
+    g.add_argument("--guard", metavar="VARIANT",
+                   help="fixed (default), merged, strict-k2 or staged")
     g.add_argument("--twins", metavar="VARIANT", help="all (default) or reachable")
     g.add_argument("--threshold-offset-rank", type=int, metavar="R",
                    help="fault: rank R generates twins with a shifted decode threshold")

@@ -47,6 +47,8 @@ INT32_MAX = 2**31 - 1
 # Every flat field, the names files, flags and error lines use.
 FLAT_FIELDS = tuple(PART_OF)
 _REFERENCE = Mutation()  # no mutation: the reference behaviour
+# Slips planted in vLLM's execution code as the miniature drives it (docs/spec.md §11).
+VLLM_EXECUTION_SWITCHES = ("switch_to_compute", "ids_gather_wait")
 # Switches of the harness's own decisions and execution; vLLM's code brings its own.
 HARNESS_DECISION_SWITCHES = Mutation.switches_of(DECISION)
 HARNESS_EXECUTION_SWITCHES = Mutation.switches_of(EXECUTION)
@@ -158,10 +160,11 @@ class HarnessConfig:
                 and s.cudagraph_mode is not CudaGraphMode.NONE):
             raise ConfigError("all2all_backend", "deepep_high_throughput with dp_size > 1 "
                               "forces cudagraph_mode NONE (its all-to-all cannot be captured)")
-        if (m.switch_to_compute is not SwitchToCompute.SYNC
-                and self.system.execution is not Execution.VLLM):
-            raise ConfigError("switch_to_compute", "switches vLLM's execution code: it needs "
-                              "execution vllm")
+        for name in VLLM_EXECUTION_SWITCHES:
+            if (getattr(m, name) != getattr(_REFERENCE, name)
+                    and self.system.execution is not Execution.VLLM):
+                raise ConfigError(name, "switches vLLM's execution code: it needs "
+                                  "execution vllm")
         if s.single_rank_gpu_world and s.dp_size != 1:
             raise ConfigError("single_rank_gpu_world", f"means one rank, not {s.dp_size}")
         self._validate_system()
@@ -178,6 +181,9 @@ class HarnessConfig:
                 if getattr(m, name) != getattr(_REFERENCE, name):
                     raise ConfigError(name, "switches the harness's own decision code; the "
                                       "vllm system under test brings its own")
+        if m.guard is Guard.STAGED and system.execution is Execution.VLLM:
+            raise ConfigError("guard", "staged needs the harness's own execution: vLLM's "
+                              "runner does not stage real tokens (docs/spec.md §3.4)")
         for name in HARNESS_EXECUTION_SWITCHES if system.execution is Execution.VLLM else ():
             if getattr(m, name) != getattr(_REFERENCE, name):
                 raise ConfigError(name, "switches the harness's own execution; with execution "
@@ -268,7 +274,9 @@ class HarnessConfig:
 
 _OMITTED_WHEN_DEFAULT = ("vllm_src", "vllm_patches", "differential_against_base",
                          "decode_query_len", "varlen_decode", "query_len_bound", "execution",
-                         "switch_to_compute")
+                         "switch_to_compute", "continuation", "lookback_refresh", "idle_step",
+                         "dummy_execution", "draft_sync_state", "replay_tag", "ids_gather_wait",
+                         "staging_restore", "staging_vote")
 
 
 def config_kwargs(data: dict[str, Any]) -> dict[str, Any]:

@@ -16,10 +16,19 @@ from harness.bug_switches import (
     A2ABuffers,
     CaptureKey,
     CaptureOn,
+    Continuation,
+    DraftSyncState,
+    DummyExecution,
     DummyPadding,
     EagerSlices,
     Guard,
+    IdleStep,
+    IdsGatherWait,
+    LookbackRefresh,
     QueryLenBound,
+    ReplayTag,
+    StagingRestore,
+    StagingVote,
     SwitchToCompute,
     Twins,
     UbatchVote,
@@ -108,6 +117,11 @@ PARSERS: dict[str, Callable[[Any, str], Any]] = {
     "a2a_buffers": _enum(A2ABuffers), "ubatch_vote": _enum(UbatchVote),
     "dummy_padding": _enum(DummyPadding), "query_len_bound": _enum(QueryLenBound),
     "switch_to_compute": _enum(SwitchToCompute), "capture_sizes": _capture_sizes,
+    "staging_restore": _enum(StagingRestore), "staging_vote": _enum(StagingVote),
+    "continuation": _enum(Continuation), "lookback_refresh": _enum(LookbackRefresh),
+    "idle_step": _enum(IdleStep), "dummy_execution": _enum(DummyExecution),
+    "draft_sync_state": _enum(DraftSyncState), "replay_tag": _enum(ReplayTag),
+    "ids_gather_wait": _enum(IdsGatherWait),
 }
 
 
@@ -197,6 +211,24 @@ class Mutation:
     query_len_bound: QueryLenBound = _switch(QueryLenBound.SYNCED, DECISION)
     # vLLM's execution, high throughput: whether compute waits for the all-to-all (§11).
     switch_to_compute: SwitchToCompute = _switch(SwitchToCompute.SYNC)
+    # Real-token staging's slips (guard staged, docs/spec.md §3.4); inert under other guards.
+    staging_restore: StagingRestore = _switch(StagingRestore.INVERSE, EXECUTION)
+    staging_vote: StagingVote = _switch(StagingVote.SYNCED, DECISION)
+    # A request split across microbatches (docs/spec.md §7.18-7.19): what its continuation
+    # counts as cached, and whether a replay refreshes those counts where the graph reads.
+    continuation: Continuation = _switch(Continuation.COUNTED, EXECUTION)
+    lookback_refresh: LookbackRefresh = _switch(LookbackRefresh.IN_PLACE, EXECUTION)
+    # Idle ranks (docs/spec.md §7.20-7.21): whether one joins the step, and how it runs the
+    # graph its peers replay.
+    idle_step: IdleStep = _switch(IdleStep.DUMMY, EXECUTION)
+    dummy_execution: DummyExecution = _switch(DummyExecution.AGREED, EXECUTION)
+    # The sync state the drafter reuses (docs/spec.md §7.22).
+    draft_sync_state: DraftSyncState = _switch(DraftSyncState.SYNCED, DECISION)
+    # Where a dispatch's readiness tag comes from at replay (docs/spec.md §7.23).
+    replay_tag: ReplayTag = _switch(ReplayTag.PER_RUN, EXECUTION)
+    # vLLM's execution, microbatched: whether the comm stream's all-gather of the top-k
+    # ids waits for the router's write of them (§11.5).
+    ids_gather_wait: IdsGatherWait = _switch(IdsGatherWait.AFTER_ROUTING)
 
     def __post_init__(self) -> None:
         _parse_fields(self)

@@ -29,6 +29,7 @@ class CheckerName(StrEnum):
     EAGER_SLICES = "eager_slices"
     SPLIT_CONSENSUS = "split_consensus"
     DISPATCH_CAPACITY = "dispatch_capacity"
+    FRESH_RECEIVE = "fresh_receive"
     # steps on vLLM's own execution code (harness/check/vllm_exec.py)
     UBATCHING_STATE = "ubatching_state"
     RECV_BEFORE_READ = "recv_before_read"

@@ -47,7 +47,8 @@ def test_no_detection_seeds_skips_the_detection_table(monkeypatch, capsys):
     monkeypatch.setattr(bench, "detection_rows", lambda *a: pytest.fail("detection ran"))
     monkeypatch.setattr(bench, "rebuild_rows", lambda *a, **k: pytest.fail("rebuilds ran"))
     monkeypatch.setattr(bench, "sandbox_rows", lambda *a, **k: pytest.fail("rebuilds ran"))
-    assert main(["--detection-seeds", "0", "--dp4-examples", "0", "--rebuild-rounds", "0"]) == 0
+    assert main(["--detection-seeds", "0", "--dp4-examples", "0", "--rebuild-rounds", "0",
+                 "--staging-draws", "0", "--reach-seconds", "0"]) == 0
     assert capsys.readouterr().out.strip() == "throughput"
 
 
@@ -67,7 +68,8 @@ def test_the_rebuild_rows_follow_the_throughput_table_with_their_medians(monkeyp
     monkeypatch.setattr(bench, "rebuild_rows", rows)
     monkeypatch.setattr(bench, "sandbox_rows", lambda rounds: [RebuildRow(
         "sandboxed sim world: a runner forked after an abort", "gloo", (0.2,) * rounds)])
-    assert main(["--detection-seeds", "0", "--dp4-examples", "0", "--rebuild-rounds", "3"]) == 0
+    assert main(["--detection-seeds", "0", "--dp4-examples", "0", "--rebuild-rounds", "3",
+                 "--staging-draws", "0", "--reach-seconds", "0"]) == 0
     out = capsys.readouterr().out
     assert asked == [("gloo", 3)]
     assert "sandboxed sim world: a runner forked after an abort" in out

@@ -36,7 +36,9 @@ WIRE_FIELDS = {
     "guard", "twins", "threshold_offset_rank", "threshold_offset", "protocol",
     "all2all_backend", "capture_on", "sut", "execution", "vllm_src", "vllm_patches",
     "differential_against_base", "capture_key", "eager_slices", "a2a_buffers", "ubatch_vote",
-    "dummy_padding", "query_len_bound", "switch_to_compute", "single_rank_gpu_world"}
+    "dummy_padding", "query_len_bound", "switch_to_compute", "single_rank_gpu_world",
+    "continuation", "lookback_refresh", "idle_step", "dummy_execution", "draft_sync_state",
+    "replay_tag", "ids_gather_wait", "staging_restore", "staging_vote"}
 
 # Values for the mutation fields a variant draws per example rather than plants.
 DRAWN_MUTATION = {"threshold_offset_rank": 1, "threshold_offset": 4}
@@ -112,7 +114,9 @@ def test_a_config_of_every_part_round_trips_through_its_flat_dict():
 def test_the_fields_of_code_left_untested_stay_out_of_the_flat_dict():
     assert set(HarnessConfig().to_dict()) == WIRE_FIELDS - {
         "vllm_src", "vllm_patches", "differential_against_base", "decode_query_len",
-        "varlen_decode", "query_len_bound", "execution", "switch_to_compute"}
+        "varlen_decode", "query_len_bound", "execution", "switch_to_compute", "continuation",
+        "lookback_refresh", "idle_step", "dummy_execution", "draft_sync_state", "replay_tag",
+        "ids_gather_wait", "staging_restore", "staging_vote"}
 
 
 @pytest.mark.parametrize("path", sorted([*SCENARIOS.rglob("*.json"), *SCENARIOS.rglob("*.toml")]),
@@ -139,9 +143,13 @@ def test_the_first_bad_field_named_is_the_one_a_flat_config_always_named():
 
 def test_the_switches_of_the_harnesss_own_code_come_from_the_mutation():
     assert HARNESS_DECISION_SWITCHES == ("guard", "twins", "threshold_offset_rank",
-                                         "ubatch_vote", "query_len_bound")
+                                         "ubatch_vote", "query_len_bound", "staging_vote",
+                                         "draft_sync_state")
     assert HARNESS_EXECUTION_SWITCHES == ("protocol", "capture_on", "capture_key",
-                                          "eager_slices", "dummy_padding")
+                                          "eager_slices", "dummy_padding", "staging_restore",
+                                          "continuation",
+                                          "lookback_refresh", "idle_step", "dummy_execution",
+                                          "replay_tag")
     with pytest.raises(ConfigError, match="^query_len_bound: switches the harness's own "
                                           "decision code"):
         HarnessConfig.of(sut="vllm", query_len_bound="rank-local")
@@ -177,6 +185,8 @@ def test_the_undo_of_a_planted_switch_is_that_switch_at_its_reference():
     assert EXEC_VARIANTS["ht-missing-compute-wait"].undo == (("switch_to_compute", "sync"),)
     assert EXEC_VARIANTS["ht-missing-compute-wait"].changes == (
         ("sut", "vllm"), ("execution", "vllm"), ("switch_to_compute", "no-wait"))
+    assert EXEC_VARIANTS["ids-gather-early-wait"].undo == (("ids_gather_wait",
+                                                            "after-routing"),)
 
 
 def test_a_part_replaced_whole_is_validated_with_the_others():

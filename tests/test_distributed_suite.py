@@ -94,7 +94,7 @@ def test_the_fuzzer_finds_each_planted_bug_from_nothing_and_shrinks_it(
                            f"{outcome.seconds:.0f} s ({outcome.note})")
     assert outcome.checker in variant.caught_by, outcome.detail
     shrunk = outcome.scenario
-    assert len(shrunk.steps) == 1, shrunk.to_json()
+    assert len(shrunk.steps) == variant.min_steps, shrunk.to_json()
     tokens = [len(r.query_lens) for r in shrunk.steps[0]]
     if name.startswith("guard-"):
         # The minimal case: the fewest tokens the guard lets by (G / 2 for `<`, one more for
@@ -120,4 +120,16 @@ def test_the_fuzzer_finds_nothing_on_the_reference(request, fuzz_world, tmp_path
     assert not outcome.found, f"{outcome.checker}: {outcome.detail}\n" + (
         outcome.scenario.to_json() if outcome.scenario else "")
     # Hypothesis's own count includes repeats the memo answers: the world ran fewer.
+    assert outcome.note == "examples exhausted" and outcome.examples > 0
+
+
+def test_the_fuzzer_finds_nothing_on_the_staged_reference(request, fuzz_world, tmp_path):
+    # Real-token staging (docs/spec.md §3.4) must hold every checker where it replays steps
+    # the fixed guard sends to eager.
+    outcome = fuzz(VARIANTS["staged-reference"], fuzz_world.run,
+                   world=request.config.getoption("--world"), dp_sizes=(fuzz_world.nproc,),
+                   budget=Budget(examples=60, seconds=None), database=None,
+                   scenario_dir=tmp_path, seed=1)
+    assert not outcome.found, f"{outcome.checker}: {outcome.detail}\n" + (
+        outcome.scenario.to_json() if outcome.scenario else "")
     assert outcome.note == "examples exhausted" and outcome.examples > 0

@@ -108,8 +108,8 @@ def test_a_race_is_named_beside_a_rank_that_left_no_record():
 
 
 def test_a_wait_placed_on_another_stream_than_the_reader_does_not_order_the_read():
-    # ROCm/ATOM PR #1208's shape: ids gathered on a side stream, joined back to the
-    # forward's top stream, read on the microbatch's compute stream.
+    # Ids gathered on a side stream, joined back to the forward's top stream, read on the
+    # microbatch's compute stream.
     ids = "gathered ids"
     gathered = (write("side", ids, "all_gather"), record_on("side", "e0"))
     wrong = (*gathered, wait_on("top", "e0"), read("compute", ids, "hash routing"))
@@ -159,3 +159,80 @@ def test_only_the_reads_since_the_latest_write_are_judged_against_a_write():
                read("compute"), record_on("compute", "e1"), wait_on("comm", "e1"),
                write("comm"), read("comm"))
     assert first_race(ordered) is None
+
+
+IDS, GATHERED = "top-k ids of microbatch 0", "gathered ids of microbatch 0"
+
+
+def test_an_ids_gather_whose_comm_wait_came_before_the_router_fails_naming_the_gather():
+    # ROCm/ATOM PR #1208's race: comm synced with compute before the router wrote the ids.
+    early = (record_on("compute", "e0"), wait_on("comm", "e0"),
+             write("compute", IDS, "router"), read("comm", IDS, "all_gather"),
+             write("comm", GATHERED, "all_gather"), record_on("comm", "e1"),
+             wait_on("compute", "e1"), read("compute", GATHERED, "dispatch"))
+    assert first_race(early) == ("all_gather on stream comm reads top-k ids of microbatch 0, "
+                                 "written by router on stream compute with no event wait "
+                                 "ordering the write before the read")
+    after = (write("compute", IDS, "router"), *early[:2], *early[3:])
+    assert first_race(after) is None
+
+
+class _Streams:
+    """vLLM's dbo stream switches over two named streams, logging events as the stand-ins do."""
+
+    def __init__(self) -> None:
+        self.current = "compute"
+        self.log = None
+        self.events = 0
+
+    def _handoff(self, to: str) -> None:
+        event = f"e{self.events}"
+        self.events += 1
+        self.log.event("record", self.current, event)
+        self.current = to
+        self.log.event("wait", to, event)
+
+    def dbo_switch_to_comm_sync(self) -> None:
+        self._handoff("comm")
+
+    def dbo_switch_to_compute_sync(self) -> None:
+        self._handoff("compute")
+
+    def dbo_switch_to_comm(self) -> None:
+        self.current = "comm"
+
+    def dbo_switch_to_compute(self) -> None:
+        self.current = "compute"
+
+
+def gathered_order(wait: str):
+    """The stream order the miniature's ids exchange logs for one microbatch on 2 ranks."""
+    import torch
+
+    from harness.bug_switches import IdsGatherWait
+    from harness.vllm_exec.ids_gather import IdsGather
+    from harness.vllm_exec.stream_log import StreamLog
+
+    streams = _Streams()
+    streams.log = StreamLog(lambda: type("S", (), {"name": streams.current})())
+    mark = streams.log.mark()
+
+    def all_gather(out, inp):  # rank 0 of 2: its own row, then the peer's
+        out.view(2, -1).copy_(torch.stack([inp, inp + 100]))
+
+    ids = IdsGather(all_gather, streams, streams.log, 0, 2, 8, IdsGatherWait(wait),
+                    torch.device("cpu"))
+    ids.before_routing()
+    topk = torch.tensor([[1, 3], [0, -1]])
+    routed = ids.exchange(0, topk)
+    assert routed.tolist() == topk.tolist() and streams.current == "compute"
+    return streams.log.since(mark)
+
+
+def test_the_miniatures_ids_exchange_logs_a_race_only_with_the_wait_before_the_router():
+    assert first_race(gathered_order("after-routing")) is None
+    early = gathered_order("before-routing")
+    assert first_race(early).startswith("all_gather on stream comm reads top-k ids of "
+                                        "microbatch 0, written by router on stream compute")
+    # A wait was issued on the comm stream all the same: its event predates the write.
+    assert [op.kind for op in early[:2]] == ["record", "wait"]

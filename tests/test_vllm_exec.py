@@ -142,7 +142,7 @@ def test_a_thread_that_fails_in_its_device_set_up_hangs_the_starter_at_the_barri
 
 def test_the_regression_scenarios_name_the_checker_that_catches_them():
     paths = sorted(EXEC.glob("*.json"))
-    assert len(paths) == 3
+    assert len(paths) == 4
     for path in paths:
         scenario = load_scenario(path)
         assert scenario.config.system.execution.value == "vllm"
@@ -177,6 +177,51 @@ def test_a_missing_compute_wait_keeps_the_rows_right_on_cpu_and_fails_stream_ord
         ("write", True), ("read", False), ("record", True), ("wait", False)}
 
 
+def test_an_ids_gather_that_waited_before_the_router_keeps_the_rows_and_fails_stream_order(
+        world):
+    data = json.loads((EXEC / "ids-gather-early-wait.json").read_text())
+    result = run(world, data)
+    got = outcomes(result)
+    if world.backend != "gloo":
+        assert got["stream_order"] is Outcome.NOT_APPLICABLE
+        return
+    assert got["matches_reference"] is Outcome.HELD and got["routing_provenance"] is (
+        Outcome.HELD)
+    assert failed(result).keys() == {"stream_order"}
+    assert failed(result)["stream_order"].startswith(
+        "rank 0 step 0: all_gather on stream vllm-comm-")
+    assert ("reads top-k ids of microbatch 0, written by router on stream default"
+            in failed(result)["stream_order"])
+    undone = run(world, load_scenario(EXEC / "ids-gather-early-wait.json")
+                 .with_reference_behaviour().to_dict())
+    assert undone.ok, failed(undone)
+    # Every rank's fingerprint holds the gather beside the all-to-alls.
+    assert any(c[0] == "all_gather" for c in undone.steps[0].records[0].fingerprint)
+
+
+GRAPHED = {"config": {"execution": "vllm", "capture_sizes": [8, 16], **SMALL},
+           "steps": [{"ranks": [{"tokens": 8}, {"tokens": 7}]}]}
+
+
+def test_a_replayed_twin_is_judged_by_stream_order_from_what_its_capture_logged(world):
+    clean = run(world, GRAPHED)
+    assert clean.ok, failed(clean)
+    records = clean.steps[0].records
+    assert {r.executed for r in records} == {"replay"}
+    if world.backend != "gloo":
+        assert outcomes(clean)["stream_order"] is Outcome.NOT_APPLICABLE
+        return
+    assert outcomes(clean)["stream_order"] is Outcome.HELD
+    kinds = {(op.kind, op.subject) for op in records[0].vllm_exec.stream_order}
+    assert {("write", "dispatch recv of microbatch 1"),
+            ("read", "gathered ids of microbatch 1")} <= kinds
+    planted = {**GRAPHED, "config": {**GRAPHED["config"], "ids_gather_wait": "before-routing"}}
+    caught = run(world, planted)
+    assert failed(caught).keys() == {"stream_order"}
+    assert "all_gather on stream vllm-comm-" in failed(caught)["stream_order"]
+    assert "written by router on stream vllm-capture-" in failed(caught)["stream_order"]
+
+
 def test_vllm_execution_refuses_the_harness_execution_switches_in_one_line():
     with pytest.raises(ConfigError, match="^protocol: switches the harness's own execution"):
         HarnessConfig.of(execution="vllm", protocol="stock")
@@ -200,6 +245,7 @@ def test_one_hunt_of_vllms_execution_can_be_named_and_both_run_by_default():
     assert names("all") == ["vllm-exec-hang", "vllm-exec-crash"]
     # A planted slip of vLLM's pattern is hunted only when named.
     assert names("ht-missing-compute-wait") == ["ht-missing-compute-wait"]
+    assert names("ids-gather-early-wait") == ["ids-gather-early-wait"]
     with pytest.raises(ConfigError, match="^variant: vllm-exec-hang hunts .* needs --sut vllm"):
         exec_variants(Namespace(variant="vllm-exec-hang", sut="harness"))
 

@@ -1,7 +1,9 @@
 """The fuzzer against vLLM 0.33.0's own execution code, from an empty database, on torchrun
 rank processes: it finds the sibling-failure hang and the NoneType recv-hook crash, each
-shrunk to one step and named; a fault-free search with the harness deciding holds every
-checker. Slow (minutes): `make test-vllm` runs it. Skipped where vLLM does not import."""
+shrunk to one step and named; the two planted stream-order slips (a missing compute wait,
+an ids gather that waited before the router) are found by stream_order alone; a fault-free
+search with the harness deciding holds every checker. Slow (minutes): `make test-vllm` runs
+it. Skipped where vLLM does not import."""
 
 from __future__ import annotations
 
@@ -61,4 +63,19 @@ def test_the_fuzzer_finds_a_missing_compute_wait_by_stream_order_alone(tmp_path)
                    Budget(seconds=60.0, shrink_seconds=30.0))
     assert outcome.found and outcome.checker == "stream_order", outcome.note
     assert "experts on stream default reads dispatch recv of microbatch" in outcome.detail
+    assert len(outcome.scenario.steps) == 1 and not outcome.scenario.faults
+
+
+@pytest.mark.timeout(BOUND_S)
+def test_the_fuzzer_finds_an_ids_gather_that_waited_before_the_router_on_the_sim_world(
+        tmp_path):
+    variant = EXEC_VARIANTS["ids-gather-early-wait"]
+    # The sim world hands vLLM's execution to a torchrun world of the same size.
+    with WorldPool("sim", "gloo", FUZZ_TIMEOUTS, 2, preload_vllm=True) as pool:
+        outcome = fuzz(variant, pool.run, world="sim", dp_sizes=(2,),
+                       budget=Budget(seconds=60.0, shrink_seconds=30.0), database=None,
+                       scenario_dir=tmp_path, seed=0, hunt=variant.hunt)
+    assert outcome.found and outcome.checker == "stream_order", outcome.note
+    assert "all_gather on stream vllm-comm-" in outcome.detail
+    assert "reads top-k ids of microbatch" in outcome.detail
     assert len(outcome.scenario.steps) == 1 and not outcome.scenario.faults

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -24,7 +25,9 @@ from harness.bench.cpu import ceiling_per_second, cores, cpu_seconds
 from harness.bench.detection import detection_rows, print_detection, random_seeds
 from harness.bench.examples import decode_examples
 from harness.bench.multinode import dp4_rows, print_dp4
+from harness.bench.reach import print_reach_table
 from harness.bench.rebuilds import print_rebuilds, rebuild_rows, sandbox_rows
+from harness.bench.staging import DRAWS, print_staging_table
 from harness.check.judge import judge
 from harness.check.stream import judge_stream
 from harness.scenario import Scenario
@@ -192,6 +195,17 @@ def _parser() -> argparse.ArgumentParser:
                         "without a spare; 0: skip those rows)")
     parser.add_argument("--rebuilds-only", action="store_true",
                         help="only the rebuild rows")
+    parser.add_argument("--staging-draws", type=int, default=DRAWS, metavar="N",
+                        help="distinct steps per skew shape behind the staging table (0: "
+                        "skip that table)")
+    parser.add_argument("--staging-only", action="store_true",
+                        help="only the staging table: split steps keeping their FULL replay "
+                        "under real-token staging vs the fixed guard (decisions, no world)")
+    parser.add_argument("--reach-seconds", type=float, default=30.0, metavar="S",
+                        help="seconds of the reference fuzz on the sim world behind the reach "
+                        "table (0: skip that table)")
+    parser.add_argument("--reach-only", action="store_true",
+                        help="only the reach table of the reference search")
     parser.add_argument("--backend", choices=["gloo", "nccl"], default="gloo",
                         help="the torchrun world's backend in the throughput, floor and "
                         "rebuild rows (nccl: on a GPU, ranks sharing it where there are "
@@ -206,9 +220,24 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--detection-seeds: a count of seeds, not {args.detection_seeds}")
     if args.rebuild_rounds < 0:
         parser.error(f"--rebuild-rounds: a count of failures, not {args.rebuild_rounds}")
+    if not (math.isfinite(args.reach_seconds) and args.reach_seconds >= 0):
+        parser.error(f"--reach-seconds: seconds of fuzzing, 0 or more, not {args.reach_seconds}")
+    if args.reach_only:
+        if not args.reach_seconds:
+            parser.error("--reach-seconds: 0 skips the reach table that --reach-only asks for")
+        print_reach_table(args.reach_seconds)
+        return 0
     if not 1 <= args.batch <= MAX_BATCH:
         parser.error(f"--batch: examples per round trip must be 1 to {MAX_BATCH}, not "
                      f"{args.batch}")
+    if args.staging_draws < 0:
+        parser.error(f"--staging-draws: a count of steps, not {args.staging_draws}")
+    if args.staging_only:
+        if not args.staging_draws:
+            parser.error("--staging-draws: 0 skips the staging table that --staging-only asks "
+                         "for")
+        print_staging_table(args.staging_draws)
+        return 0
     if args.rebuilds_only:
         print_all_rebuilds(args.backend, args.rebuild_rounds or 5)
         return 0
@@ -222,6 +251,10 @@ def main(argv: list[str] | None = None) -> int:
             print_dp4(dp4_rows(args.dp4_examples))
         if args.rebuild_rounds:
             print_all_rebuilds(args.backend, args.rebuild_rounds)
+        if args.staging_draws:
+            print_staging_table(args.staging_draws)
+        if args.reach_seconds:
+            print_reach_table(args.reach_seconds)
     if not args.detection_seeds:
         return 0
     names = tuple(args.variants.split(",")) if args.variants else None

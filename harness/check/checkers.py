@@ -264,6 +264,7 @@ def _spec_fields(plan: StepPlan) -> list[tuple[str, object]]:
             ("synced uct", state and state.uniform_token_count),
             ("sync eager", state and state.eager), ("sync num_reqs", state and state.num_reqs),
             ("skip_drafts", state and state.skip_drafts),
+            ("staged_tokens", state and state.staged_tokens),
             ("padded_tokens", plan.num_tokens), ("padded_reqs", plan.num_reqs),
             ("real_tokens", plan.real_tokens),
             ("regions (real/size)", " ".join(f"{r.real_tokens}/{r.tokens}"

@@ -34,8 +34,11 @@ def check_executes_plan(records: Sequence[StepRecord]) -> Judgement:
                 return failed(f"rank {rec.rank} plans to replay {desc.label()} but "
                              f"replayed {rec.replayed}")
             if rec.executed != "replay":
+                why = ("its dummy batch, idle, did not replay its peers' graph"
+                       if rec.plan.real_tokens == 0
+                       else "the graph was not found under its descriptor")
                 return failed(f"rank {rec.rank} plans to replay {desc.label()} but ran "
-                             f"{rec.executed}: the graph was not found under its descriptor")
+                             f"{rec.executed}: {why}")
             continue
         want = "eager-microbatched" if desc.microbatched else "eager"
         if rec.executed != want:
@@ -101,3 +104,20 @@ def check_dispatch_capacity(records: Sequence[StepRecord]) -> Judgement:
                          "per rank")
     return held()
 
+
+
+def check_fresh_receive(records: Sequence[StepRecord]) -> Judgement:
+    """Every block a rank's dispatches delivered carries this run's readiness tag: a tag of
+    an earlier run is stale data a receiver would take as fresh (docs/spec.md §7.23)."""
+    if any(r.injected_fault for r in records):
+        return not_applicable("a fault leaves dispatches unsent by design")
+    tagged = [r for r in _ran(records) if r.run_tag is not None and r.received_tags]
+    if not tagged:
+        return not_applicable("no run tagged its dispatches")
+    for rec in tagged:
+        for ubatch, source, tag in rec.received_tags:
+            if tag != rec.run_tag:
+                return failed(f"rank {rec.rank} ({rec.executed}) microbatch {ubatch}: the "
+                             f"block from rank {source} carries readiness tag {tag}, not this "
+                             f"run's {rec.run_tag}: an earlier run's, taken as fresh")
+    return held()

@@ -116,6 +116,7 @@ REGISTRY: tuple[Checker, ...] = (
     Checker(N.EAGER_SLICES, Phase.STEP, _records(execution.check_eager_slices)),
     Checker(N.SPLIT_CONSENSUS, Phase.STEP, _records(execution.check_split_consensus)),
     Checker(N.DISPATCH_CAPACITY, Phase.STEP, _records(execution.check_dispatch_capacity)),
+    Checker(N.FRESH_RECEIVE, Phase.STEP, _records(execution.check_fresh_receive)),
     Checker(N.UBATCHING_STATE, Phase.STEP, _records(vllm_exec.check_ubatching_state)),
     Checker(N.RECV_BEFORE_READ, Phase.STEP, _records(vllm_exec.check_recv_before_read)),
     # Each rank's order is its own: a race is named even beside a rank that left no record.

@@ -1,7 +1,7 @@
 """Stream order (docs/spec.md §11): every read of a tensor another stream wrote is ordered
 after that write, by happens-before across streams, computed from a step's stream order as
-the CPU stand-in streams logged it (`VllmExecTrace.stream_order`). Pure functions over step
-records.
+the CPU stand-in streams logged it (`VllmExecTrace.stream_order`; a replayed graph logs
+again what its capture logged). Pure functions over step records.
 
 Happens-before is each stream's program order plus event edges: a wait on stream t of an
 event takes in what its latest record (issued before the wait) had seen on its stream. Each
@@ -21,7 +21,7 @@ from harness.history.records import StepRecord, StreamOp
 
 ACCESSES = ("write", "read")
 NOTHING_RECORDED = ("no tensor access was recorded on stand-in streams (the harness's "
-                    "execution, a replay, or real CUDA streams)")
+                    "execution, or real CUDA streams)")
 
 Clock = dict[str, int]  # stream -> how many of its accesses are known to have happened
 

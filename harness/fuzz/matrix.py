@@ -3,7 +3,9 @@
 Rows are the patch sets, columns the configs (microbatch count k and DP size); each cell is
 one budgeted search with the same seed, found (with the checker, the shrunk tokens and the
 graph) or clean within the budget. Every cell is a plain fuzz run of `--sut vllm`: the same
-engine, world and checkers, so a cell replays with `python -m harness fuzz`.
+engine, world and checkers, so a cell replays with `python -m harness fuzz`. An optional last
+row fuzzes the harness's own real-token staging policy (docs/spec.md §3.4) on the same
+configs, the alternative to the guard's eager fallback beside vLLM's guards.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from harness.scenario import Scenario
 from harness.vllm_code.source import VllmPatch
 
 NO_PATCH = "none"
+# The row of the harness's staging policy: its own decisions, a reference variant.
+STAGED_ROW = "harness staged"
+STAGED_VARIANT = "staged-reference"
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,8 @@ class MatrixColumn:
 class MatrixRow:
     name: str  # the patch's file name, or "none"
     patches: tuple[VllmPatch, ...]
+    # A harness variant fuzzed in place of vLLM (the staging row); None: vLLM, patched.
+    variant: str | None = None
 
     @property
     def hashes(self) -> list[str]:
@@ -78,9 +85,21 @@ class MatrixCell:
                    data["replay"], data["note"])
 
 
-def rows_for(patches: Sequence[VllmPatch]) -> list[MatrixRow]:
-    """The unpatched vLLM first, then each patch alone."""
-    return [MatrixRow(NO_PATCH, ()), *(MatrixRow(p.name, (p,)) for p in patches)]
+def rows_for(patches: Sequence[VllmPatch], staged: bool = False) -> list[MatrixRow]:
+    """The unpatched vLLM first, then each patch alone; with `staged`, the harness's staging
+    policy last."""
+    rows = [MatrixRow(NO_PATCH, ()), *(MatrixRow(p.name, (p,)) for p in patches)]
+    return [*rows, MatrixRow(STAGED_ROW, (), STAGED_VARIANT)] if staged else rows
+
+
+def row_runs(row: MatrixRow, column: MatrixColumn) -> bool:
+    """Whether the row has a cell in the column: a harness row only where the column fuzzes
+    decisions (vLLM's execution hunts are about vLLM's code alone)."""
+    return row.variant is None or column.variant == "vllm"
+
+
+def cell_variant(row: MatrixRow, column: MatrixColumn) -> str:
+    return row.variant or column.variant
 
 
 def _tokens(scenario: Scenario | None) -> tuple[tuple[int, ...], ...]:
@@ -91,6 +110,10 @@ def _tokens(scenario: Scenario | None) -> tuple[tuple[int, ...], ...]:
 
 def cell_fields(row: MatrixRow, column: MatrixColumn,
                 fixed: Mapping[str, Any]) -> dict[str, Any]:
+    if row.variant is not None:  # the harness's own decisions: no vLLM code at all
+        return {**fixed, **ubatching_fields(column.num_ubatches), "dp_size": column.dp_size,
+                "sut": "harness", "vllm_src": None, "vllm_patches": (),
+                "differential_against_base": False, **dict(variant_named(row.variant).changes)}
     fields = {**fixed, **ubatching_fields(column.num_ubatches), "dp_size": column.dp_size,
               "sut": "vllm", "vllm_patches": row.patches,
               **dict(variant_named(column.variant).changes)}
@@ -108,7 +131,9 @@ def run_matrix(rows: Sequence[MatrixRow], columns: Sequence[MatrixColumn],
     cells = []
     for row in rows:
         for column in columns:
-            variant = variant_named(column.variant)
+            if not row_runs(row, column):
+                continue
+            variant = variant_named(cell_variant(row, column))
             outcome = fuzz(variant, run, world=world, dp_sizes=(column.dp_size,),
                            fixed=cell_fields(row, column, fixed), budget=budget,
                            database=None, log_path=log_path, scenario_dir=found_dir,

@@ -39,6 +39,8 @@ class Variant:
     drawn: tuple[tuple[str, st.SearchStrategy], ...] = field(default=(), compare=False)
     # Only failures of these checkers count (a hunt for one class of bug); None: any.
     hunt: tuple[str, ...] | None = None
+    # The fewest steps that show it: a bug of state carried from step to step needs two.
+    min_steps: int = 1
 
     @property
     def is_reference(self) -> bool:
@@ -64,11 +66,16 @@ class Variant:
 
 
 CONTAINED_FAULTS = (FaultKind.RAISE_IN_UBATCH, FaultKind.RETURN_WITHOUT_YIELDING)
+# Staging lives where twins are replayed: modes that capture FULL graphs.
+STAGING_DRAWN = (("cudagraph_mode", st.sampled_from(("FULL", "FULL_DECODE_ONLY",
+                                                     "FULL_AND_PIECEWISE"))),)
 
 VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("reference", "the fixed guard, reachable twins, abortable protocol, capture on the "
             "runner's stream; with contained microbatch faults now and then",
-            fault_kinds=CONTAINED_FAULTS, fault_every=8, drafts_every=8),
+            # Drafts one config in four: at one in eight a slip in the draft query-length
+            # bound took over 60 s to reach (the reach table of `make bench`).
+            fault_kinds=CONTAINED_FAULTS, fault_every=8, drafts_every=4),
     Variant("guard-merged", "PR #51700 as merged (and vllm 0.33.0): eager only when "
             "2 * min < G, so a rank at exactly G / 2 replays an empty microbatch",
             mutation=Mutation(guard="merged"),
@@ -77,6 +84,22 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
             mutation=Mutation(guard="strict-k2"),
             caught_by=("no_empty_region", "captured_split"),
             ubatch_counts=(3, 4)),
+    # Real-token staging (docs/spec.md §3.4): the policy itself, a reference, and two slips.
+    Variant("staged-reference", "guard staged: a split step the fixed guard sends to eager "
+            "keeps its twin, every rank's real tokens spread over every region and restored "
+            "after the replay; otherwise the reference",
+            mutation=Mutation(guard="staged"),
+            fault_kinds=CONTAINED_FAULTS, fault_every=8, drafts_every=8),
+    Variant("staging-restore-permuted", "guard staged, but the restore gives each region's "
+            "extra token to the last regions instead of the first: a staged rank's output "
+            "rows come back permuted, padding rows among them",
+            mutation=Mutation(guard="staged", staging_restore="remainder-last"),
+            caught_by=("matches_reference",), drawn=STAGING_DRAWN),
+    Variant("staging-rank-local", "guard staged, but a rank stages when its own last region "
+            "would be empty: it replays the twin while a peer whose tokens reach that region "
+            "keeps the fixed guard and runs the step eagerly",
+            mutation=Mutation(guard="staged", staging_vote="rank-local"),
+            caught_by=("agreement", "routing_provenance", "errors"), drawn=STAGING_DRAWN),
     Variant("unreachable-twins", "a microbatched twin generated for every FULL size, including "
             "sizes no legal batch can reach (captured and held for nothing)",
             mutation=Mutation(twins="all"),
@@ -146,6 +169,44 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
             drawn=(("enable_dbo", st.just(False)), ("ubatch_size", st.just(0)),
                    ("decode_query_len", st.integers(2, 4)), ("varlen_decode", st.just(True)),
                    ("cudagraph_mode", st.sampled_from(("FULL_AND_PIECEWISE",))))),
+    # vLLM's bug history, round two (docs/spec.md §7.18-).
+    Variant("continuation-stale-computed", "vLLM #56031: a request split across microbatches "
+            "counts, on its continuation slice, only the tokens cached before the step, not "
+            "those its earlier microbatches ran (24 where it should be 28)",
+            mutation=Mutation(continuation="stale"), caught_by=("matches_reference",),
+            # Where requests straddle a split: eager microbatched steps with prefills.
+            drawn=(("cudagraph_mode", st.just("NONE")),)),
+    Variant("replay-lookback-stale", "vLLM #56440: a replay writes each microbatch's "
+            "cached-token counts into fresh storage, so the graph reads those of an earlier "
+            "run: a request with history gets the wrong positions at replay",
+            mutation=Mutation(lookback_refresh="rebind"), caught_by=("matches_reference",),
+            min_steps=2,
+            # Graphs to replay: the bug lives in modes that capture FULL graphs.
+            drawn=(("cudagraph_mode", st.sampled_from(("FULL", "FULL_DECODE_ONLY"))),)),
+    Variant("idle-rank-returns-early", "vLLM #43547 (#44601, #53578): a rank with no token "
+            "returns from the step before the DP sync and the dummy forward, so its "
+            "collectives drift from its peers' (in vLLM a MoE collective hung an hour later)",
+            mutation=Mutation(idle_step="skip"),
+            caught_by=("collective_fingerprints", "errors", "liveness")),
+    Variant("idle-dummy-eager-beside-replay", "ROCm/ATOM #1697: an idle rank runs its dummy "
+            "batch eagerly and unsplit while its peers replay a graph with its collectives "
+            "baked in, so the tail of a microbatched step waits for a peer that moved on",
+            mutation=Mutation(dummy_execution="eager"),
+            caught_by=("executes_plan", "errors", "liveness"),
+            drawn=(("cudagraph_mode", st.sampled_from(("FULL", "FULL_DECODE_ONLY"))),)),
+    Variant("draft-sync-state-rank-local", "vLLM #53694 / #54856: the DP sync state the "
+            "drafter reuses keeps the rank's own request count on a step with drafts, a "
+            "per-rank value in state every rank must hold alike",
+            mutation=Mutation(draft_sync_state="rank-local"),
+            caught_by=("agreement", "spec_decision"),
+            # Drafts exist only with microbatching off.
+            drawn=(("enable_dbo", st.just(False)), ("ubatch_size", st.just(0)),
+                   ("decode_query_len", st.integers(2, 4)))),
+    Variant("replay-identity-captured-once", "DeepGEMM #451: a graph bakes in the readiness "
+            "tag the host knew at capture, so every replay ships an earlier run's tag and "
+            "its receivers take stale blocks as fresh",
+            mutation=Mutation(replay_tag="captured"), caught_by=("fresh_receive",),
+            drawn=(("cudagraph_mode", st.sampled_from(("FULL", "FULL_DECODE_ONLY"))),)),
 )}
 
 
@@ -194,6 +255,13 @@ EXEC_VARIANTS: dict[str, Variant] = {v.name: v for v in (
             mutation=Mutation(switch_to_compute="no-wait"), caught_by=("stream_order",),
             hunt=("stream_order",), ubatch_counts=(2, 3),
             drawn=(*EXEC_HUNT_DRAWN, ("all2all_backend", st.just("deepep_high_throughput")))),
+    # ROCm/ATOM PR #1208's race (docs/spec.md §11.5), in either all-to-all style.
+    Variant("ids-gather-early-wait", "the top-k ids all-gather on the comm stream waits "
+            "only on an event recorded before the router wrote the ids, so it reads them "
+            "unordered (right rows on CPU, stale routing on a GPU)",
+            setting=(("sut", "vllm"), ("execution", "vllm")),
+            mutation=Mutation(ids_gather_wait="before-routing"), caught_by=("stream_order",),
+            hunt=("stream_order",), ubatch_counts=(2, 3), drawn=EXEC_HUNT_DRAWN),
 )}
 # What `--sut vllm --exec vllm --variant all` hunts: vLLM's execution code as it ships.
 EXEC_DEFAULT_HUNTS = ("vllm-exec-hang", "vllm-exec-crash")

@@ -202,12 +202,13 @@ def _allows_ubatching(draw) -> bool:
 
 
 @st.composite
-def skewed_token_counts(draw, config: HarnessConfig) -> list[int]:
-    """Per-rank token counts in one of the DP skew shapes of real traffic."""
+def skewed_token_counts(draw, config: HarnessConfig,
+                        shapes: Sequence[str] = SKEW_SHAPES) -> list[int]:
+    """Per-rank token counts in one of the DP skew shapes of real traffic (of `shapes`)."""
     dp = config.serving.dp_size
     upper = config.serving.max_num_batched_tokens
     count = token_counts(config, upper)
-    shape = draw(st.sampled_from(SKEW_SHAPES))
+    shape = draw(st.sampled_from(shapes))
     if shape == "straddle" and config.cudagraph_capture_sizes:
         return draw(straddling_token_counts(config))
     if shape == "filled" and config.cudagraph_capture_sizes:

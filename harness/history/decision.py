@@ -49,6 +49,8 @@ class DpSyncState:
     num_reqs: int
     # Every rank allows skipping this step's drafts (vLLM's skip_drafts row, §1.6).
     skip_drafts: bool = False
+    # Guard staged (§3.4): every rank's real tokens when the step is staged, else None.
+    staged_tokens: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -96,7 +96,8 @@ class StepRecord:
     rank: int
     step: int
     plan: StepPlan | None  # None when the rank failed before the DP sync returned
-    executed: str  # "replay", "eager-microbatched", "eager", or "failed"
+    # "replay", "eager-microbatched", "eager", "failed", or "skipped" (left before the sync)
+    executed: str
     captured_split: tuple[Span, ...]  # empty unless a graph was replayed
     replay_split: tuple[Span, ...]
     # Collectives this rank issued (or its graph replays); None: unknown, the rank never
@@ -114,6 +115,10 @@ class StepRecord:
     ran_split: tuple[Span, ...] = ()  # the slices the model ran (one for an unsplit step)
     a2a_tokens_per_rank: int | None = None  # what this rank's all-to-all buffers take
     vllm_exec: VllmExecTrace | None = None  # under vLLM's execution code only
+    # The readiness tag of the run, and (microbatch, source rank, tag) of every block its
+    # dispatches delivered (docs/spec.md §7.23); None where no run tags them.
+    run_tag: int | None = None
+    received_tags: tuple[tuple[int, int, int], ...] = ()
 
     @classmethod
     def failed(cls, rank: int, step: int, error: StepError, *,

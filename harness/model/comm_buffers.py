@@ -12,6 +12,8 @@ from harness.model.weights import DTYPE
 # Payload columns after the hidden vector: source rank, token index in its rank's step, expert.
 SRC_COL, TOK_COL, EXPERT_COL = 0, 1, 2
 NUM_PROVENANCE_COLS = 3
+# A block's count row holds the count in column 0 and the run's readiness tag here.
+TAG_COL = 1
 
 
 class DispatchOverflow(RuntimeError):

@@ -25,12 +25,13 @@ from collections.abc import Callable
 
 import torch
 
-from harness.bug_switches import A2ABuffers
+from harness.bug_switches import A2ABuffers, ReplayTag
 from harness.config import All2AllBackend, HarnessConfig
 from harness.model.comm_buffers import (
     EXPERT_COL,
     NUM_PROVENANCE_COLS,
     SRC_COL,
+    TAG_COL,
     TOK_COL,
     CommBuffers,
     DispatchHandle,
@@ -84,6 +85,15 @@ class MiniMoE:
         self._buffers: dict[tuple[int, int, int], CommBuffers] = {}
         self._last: dict[tuple[int, int], CommBuffers] = {}  # last used, per microbatch size
         self._lock = threading.Lock()
+        # The run's readiness tag, as a receiver would poll for it: refreshed in place before
+        # each run, so a graph reads the current one (docs/spec.md §7.23).
+        self.run_tag = torch.zeros((), dtype=DTYPE, device=self.device)
+        self.tag_value = 0  # the same, known on the host
+        self.tag_baked_in = config.mutation.replay_tag is ReplayTag.CAPTURED
+
+    def set_run_tag(self, tag: int) -> None:
+        self.tag_value = tag
+        self.run_tag.fill_(float(tag))
 
     # -- buffers ---------------------------------------------------------------------------
 
@@ -121,6 +131,16 @@ class MiniMoE:
                 routes.append((row[SRC_COL], row[TOK_COL], row[EXPERT_COL]))
         return routes
 
+    def received_tags(self, ubatch_id: int, num_tokens: int) -> list[tuple[int, int, int]]:
+        """(microbatch, source rank, readiness tag) of every block the last dispatch of that
+        microbatch delivered here. Reads the buffers on the host, after a step."""
+        with self._lock:
+            bufs = self._last.get((ubatch_id, num_tokens))
+        bufs = bufs or self.reserve(ubatch_id, num_tokens)
+        recv = bufs.dispatch_recv.view(bufs.peers, bufs.capacity + 1, self.width)
+        tags = recv[:, 0, TAG_COL].cpu().to(torch.int64).tolist()
+        return [(ubatch_id, peer, tag) for peer, tag in enumerate(tags)]
+
     # -- forward ---------------------------------------------------------------------------
 
     def forward(self, mb: Microbatch, cache: StateCache,
@@ -156,7 +176,10 @@ class MiniMoE:
         context = cache.state[slot] + prefix
         implied_pos = mb.seq_lens[req_c] - (qsl[1:][req_c] - tok)
         scale = (implied_pos.clamp(min=0).to(DTYPE) + 1.0).reciprocal()
+        # The history length the cached counts imply (docs/spec.md §4.4 step 4).
+        history = (mb.computed[req_c] + (tok - start)).to(DTYPE).unsqueeze(1)
         hidden = (emb + torch.sin(mb.positions.to(DTYPE).unsqueeze(1) * w.pos_freq)
+                  + torch.cos(history * w.pos_freq)
                   + torch.tanh((context @ w.state_proj) * scale.unsqueeze(1)))
         cache.state.index_add_(0, slot, contrib)
         return hidden, real
@@ -201,6 +224,10 @@ class MiniMoE:
         send.index_copy_(0, flat, payload)
         blocks = send[:bufs.rows].view(bufs.peers, bufs.capacity + 1, self.width)
         blocks[:, 0, 0].copy_(onehot.sum(0))  # copy_ converts the counts to DTYPE
+        if self.tag_baked_in:
+            blocks[:, 0, TAG_COL].fill_(float(self.tag_value))  # a constant in a graph
+        else:
+            blocks[:, 0, TAG_COL].copy_(self.run_tag.expand(bufs.peers))
         self._exchange(bufs.dispatch_recv, send[:bufs.rows], overlap)
         # Receiver: the delivered rows as expert inputs (read after the hook has run).
         recv = bufs.dispatch_recv.view(bufs.peers, bufs.capacity + 1, self.width)

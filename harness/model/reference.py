@@ -60,7 +60,7 @@ def _attention(config: HarnessConfig, w: MoEWeights, requests: Sequence[RequestS
     slots = torch.tensor([r.slot for r in requests])[owner]
     pos = torch.tensor([p for r in requests for p in r.positions()], dtype=DTYPE).unsqueeze(1)
     context = state[slots] + seen
-    hidden = (emb + torch.sin(pos * w.pos_freq)
+    hidden = (emb + torch.sin(pos * w.pos_freq) + torch.cos(pos * w.pos_freq)
               + torch.tanh((context @ w.state_proj) / (pos + 1)))
     state.index_add_(0, slots, emb)
     return hidden

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.bug_switches import Continuation
 from harness.model.state import RequestSpec
 from harness.model.ubatch_slice import UbatchSlice
 from harness.model.weights import DTYPE
@@ -34,6 +35,8 @@ class StepBuffers:
         self.query_start_loc = torch.zeros(num_reqs + 1, **i64)
         self.seq_lens = torch.zeros(num_reqs, **i64)
         self.slot_ids = torch.full((num_reqs,), scratch_slot, **i64)
+        # Tokens of each request already cached before this step (vLLM's num_computed_tokens).
+        self.computed = torch.zeros(num_reqs, **i64)
         self.output = torch.zeros(num_tokens, hidden_size, dtype=DTYPE, device=device)
         self.real_tokens: int | None = None  # of the last batch filled in, known on the host
 
@@ -72,6 +75,8 @@ class StepBuffers:
         self.slot_ids.copy_(torch.tensor([r.slot for r in requests]
                                          + [self.scratch_slot] * (self.num_reqs - m),
                                          dtype=torch.int64))
+        self.computed.copy_(torch.tensor([r.context_len for r in requests]
+                                         + [0] * (self.num_reqs - m), dtype=torch.int64))
         self.real_tokens = n
         return n
 
@@ -82,6 +87,9 @@ class UbatchMetadata:
     def __init__(self, max_num_reqs: int, device: torch.device | str = "cpu") -> None:
         self.query_start_loc = torch.zeros(max_num_reqs + 1, dtype=torch.int64, device=device)
         self.seq_lens = torch.zeros(max_num_reqs, dtype=torch.int64, device=device)
+        # Per request, its tokens cached before the microbatch's first token: the step's
+        # count plus, for a request continued from an earlier microbatch, its tokens there.
+        self.computed = torch.zeros(max_num_reqs, dtype=torch.int64, device=device)
 
 
 @dataclass(frozen=True)
@@ -97,6 +105,7 @@ class Microbatch:
     seq_lens: torch.Tensor  # [R_m]
     slot_ids: torch.Tensor  # [R_m]
     output: torch.Tensor  # [T_m, H]
+    computed: torch.Tensor  # [R_m]: per request, tokens cached before this microbatch
     real_tokens: int | None = None  # its unpadded tokens, when the host knows them
 
     @property
@@ -105,25 +114,37 @@ class Microbatch:
 
 
 def prepare_microbatch(step: StepBuffers, meta: UbatchMetadata, sl: UbatchSlice,
-                       ubatch_id: int = 0) -> Microbatch:
+                       ubatch_id: int = 0, *, continuation: Continuation = Continuation.COUNTED,
+                       rebind_lookback: bool = False) -> Microbatch:
     """Rewrite `meta` for the slice (tensor ops only) and return the microbatch's views.
 
     query_start_loc is rebased and clamped into the token slice; the last request's seq_len
-    is shortened by its tokens that lie past the slice (docs/spec.md §4.4 step 3).
+    is shortened by its tokens that lie past the slice (docs/spec.md §4.4 step 3), and each
+    request's cached count grows by its tokens before the slice (step 4). The two switches
+    plant vLLM #56031 (`continuation` stale) and #56440 (`rebind_lookback`, docs/spec.md
+    §7.18-7.19).
     """
     if sl.is_empty():
         raise ValueError(f"empty microbatch slice {sl}")
     num_reqs = sl.req_stop - sl.req_start
+    starts = step.query_start_loc[sl.req_start:sl.req_stop + 1]
     qsl = meta.query_start_loc[:num_reqs + 1]
-    qsl.copy_((step.query_start_loc[sl.req_start:sl.req_stop + 1] - sl.tok_start)
-              .clamp(0, sl.num_tokens))
+    qsl.copy_((starts - sl.tok_start).clamp(0, sl.num_tokens))
     seq_lens = meta.seq_lens[:num_reqs]
     seq_lens.copy_(step.seq_lens[sl.req_start:sl.req_stop])
     past = (step.query_start_loc[sl.req_stop] - sl.tok_stop).clamp(min=0)
     seq_lens[num_reqs - 1:].sub_(past)
+    if rebind_lookback:
+        # The slip: fresh storage each time, so a graph captured over the old keeps reading it.
+        meta.computed = torch.empty_like(meta.computed)
+    computed = meta.computed[:num_reqs]
+    computed.copy_(step.computed[sl.req_start:sl.req_stop])
+    if continuation is Continuation.COUNTED:
+        computed.add_((sl.tok_start - starts[:-1]).clamp(min=0))
     tokens = slice(sl.tok_start, sl.tok_stop)
     real = (None if step.real_tokens is None
             else max(0, min(sl.tok_stop, step.real_tokens) - sl.tok_start))
     return Microbatch(ubatch_id, sl.tok_start, step.input_ids[tokens], step.positions[tokens],
                       step.is_padding[tokens], qsl, seq_lens,
-                      step.slot_ids[sl.req_start:sl.req_stop], step.output[tokens], real)
+                      step.slot_ids[sl.req_start:sl.req_stop], step.output[tokens], computed,
+                      real)

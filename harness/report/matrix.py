@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from harness.fuzz.matrix import MatrixCell, MatrixColumn
+from harness.fuzz.matrix import STAGED_ROW, STAGED_VARIANT, MatrixCell, MatrixColumn
 
 
 def _columns(cells: Sequence[MatrixCell]) -> list[MatrixColumn]:
@@ -37,6 +37,11 @@ def matrix_markdown(cells: Sequence[MatrixCell], tested: str, budget: str) -> st
              f"{tested}. Each cell is one `python -m harness fuzz --sut vllm` search "
              f"({budget}); `found` is shrunk to the tokens per rank shown, on the graph of G "
              "tokens; `clean` found nothing within the budget.", "",
+             *([f"Row `{STAGED_ROW}`: the harness's own decisions with real-token staging "
+                "(docs/spec.md §3.4), where a split step the fixed guard sends to eager keeps "
+                f"its twin: `python -m harness fuzz --variant {STAGED_VARIANT}` on the "
+                "column's config; `clean` is what it must be.", ""]
+               if STAGED_ROW in rows else []),
              "| patch | " + " | ".join(c.label for c in columns) + " |",
              "|---|" + "---|" * len(columns)]
     for row in rows:

@@ -2,8 +2,10 @@
 
     python -m harness matrix --sut vllm --vllm-patch A.diff --vllm-patch B.diff \
         [--ks 2,3,4] [--dps 2,3] [--examples N | --seconds S] [--out DIR] [--json]
+        [--staged-row]
 
-Rows: vLLM without patches, then with each patch alone; columns: every (k, DP size). Writes
+Rows: vLLM without patches, then with each patch alone (with --staged-row, last, the
+harness's real-token staging policy, docs/spec.md §3.4); columns: every (k, DP size). Writes
 matrix.md, matrix.png and matrix.json to --out; prints the table (or, with --json, one JSON
 object). Exit 0 when every cell ran, 2 on bad input.
 """
@@ -26,7 +28,14 @@ from harness.cli_vllm import add_vllm_flags, tested_vllm, tested_vllm_json, vllm
 from harness.config import HarnessConfig
 from harness.errors import ConfigError
 from harness.fuzz.engine import FUZZ_TIMEOUTS, Budget
-from harness.fuzz.matrix import MatrixCell, MatrixColumn, cell_fields, rows_for, run_matrix
+from harness.fuzz.matrix import (
+    MatrixCell,
+    MatrixColumn,
+    cell_fields,
+    row_runs,
+    rows_for,
+    run_matrix,
+)
 from harness.report.matrix import matrix_markdown, matrix_png
 from harness.world import WORLDS, add_backend_flags, check_execution_backend
 from harness.world.pool import WorldPool
@@ -58,6 +67,9 @@ def add_matrix_command(sub) -> argparse.ArgumentParser:
     mx.add_argument("--out", default="report/matrix", metavar="DIR",
                     help="where matrix.md, matrix.png and matrix.json go")
     mx.add_argument("--json", action="store_true", help="print one JSON object")
+    mx.add_argument("--staged-row", action="store_true",
+                    help="add a last row: the harness's real-token staging policy (guard "
+                    "staged, docs/spec.md §3.4) fuzzed on every config, its own decisions")
     add_timeout_flags(mx, FUZZ_TIMEOUTS)
     add_config_flags(mx)
     add_vllm_flags(mx, sut_flag=False, differential=True)
@@ -98,13 +110,17 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     fixed = {**DEFAULT_PINS, **config_fields_from_args(args), **vllm}
     budget, budget_text = _budget(args)
     out = output_dir("out", args.out)
-    rows = rows_for(patches)
+    if args.staged_row and args.execution == "vllm":
+        raise ConfigError("staged_row", "stages the harness's own decisions; with --exec vllm "
+                          "every column hunts vLLM's execution code")
+    rows = rows_for(patches, staged=args.staged_row)
     hunts = (("vllm-exec-hang", "vllm-exec-crash") if args.execution == "vllm"
              else ("vllm",))
     columns = [MatrixColumn(k, dp, hunt) for dp in dps for hunt in hunts for k in ks]
     for row in rows:  # every cell's config is legal before minutes of fuzzing
         for column in columns:
-            HarnessConfig.of(**cell_fields(row, column, fixed))
+            if row_runs(row, column):
+                HarnessConfig.of(**cell_fields(row, column, fixed))
     tested = tested_vllm(HarnessConfig.of(**vllm)).removeprefix("vllm under test: ")
     if not args.json:
         print(f"vllm under test: {tested}; {budget_text}", flush=True)

@@ -176,6 +176,11 @@ class _CaptureSession:
                 raise CaptureError(reason)
             self.streams.attach_capture(stream, self)
 
+    def member_names(self) -> frozenset[str]:
+        """The streams that took part in the capture: its origin and every stream it forked."""
+        with self._lock:
+            return frozenset(s.name for s in self._ops_on)
+
     def unjoined(self) -> list[str]:
         """Forked streams whose last work the origin stream never waited for."""
         seen = self._clock[self.origin]
@@ -195,6 +200,7 @@ class EmulatedGraph(LifecycleGraph):
         super().__init__()
         self._ops: list[RecordedOp] = []
         self._program: tuple[Step, ...] | None = None  # built at the first replay
+        self.streams: frozenset[str] = frozenset()  # the streams its capture took in
         self.collective_timeout_s = collective_timeout_s
 
     @property
@@ -277,6 +283,7 @@ class EmulatedGraphs:
     def _end(self, session: _CaptureSession, previous: LogicalStream, raised: bool) -> None:
         self.streams.set_current_stream(previous)
         unjoined = session.unjoined()
+        session.graph.streams = session.member_names()
         session.close()
         if unjoined:
             session.graph._lifecycle.invalidate(

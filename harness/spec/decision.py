@@ -80,6 +80,28 @@ def last_region_start(padded: int, k: int) -> int:
     return (padded // k) * (k - 1)
 
 
+def staging_keeps(config: HarnessConfig, graph: GraphDescriptor, min_tokens: int,
+                  own_tokens: int) -> bool:
+    """§3.4: guard staged keeps a twin the fixed guard refuses when every rank can put a real
+    one-token request in every region: uct 1 and k <= min <= the last region's start. With
+    staging_vote rank-local (the slip) the rank judges by its own count instead of min."""
+    if config.mutation.guard is not Guard.STAGED:
+        return False
+    n = own_tokens if config.mutation.staging_vote.value == "rank-local" else min_tokens
+    k = config.num_ubatches
+    return graph.uniform_token_count == 1 and k <= n <= last_region_start(graph.num_tokens, k)
+
+
+def staged_real_tokens(real: int, padded: int, k: int, region: int) -> int:
+    """§3.4: real tokens of a staged rank in a region. Tokens that reach the last region stay
+    where they are; fewer are dealt n // k per region, one more in each of the first n % k."""
+    start = region * (padded // k)
+    end = padded if region == k - 1 else start + padded // k
+    if real > last_region_start(padded, k):
+        return max(0, min(end, real) - start)
+    return real // k + (1 if region < real % k else 0)
+
+
 # -- §2.1 compatibility, §2.2 the table and dispatch ----------------------------------------
 
 def fits(desc: GraphDescriptor, num_reqs: int, num_tokens: int, uct: int | None,
@@ -243,18 +265,20 @@ def decide(config: HarnessConfig, table: Sequence[GraphDescriptor], batch: RankB
     alone = config.mutation.ubatch_vote.value == "rank-local" and batch.num_reqs < k
     if all(a == 1 for a in allows) and not alone and thresholds_hold(
             config, min_tokens, uniform_decode, config.serving.decode_threshold):
-        desc = None
+        desc, staged = None, False
         if config.serving.cudagraph_mode is not NONE:  # 2a: a k-way dispatch of the largest rank
             graph = dispatch(table, batch.num_reqs, max_tokens, synced_uct, num_ubatches=k)
             # a k-way dispatch only ever answers a twin or NONE at max_tokens (§2.3 note)
-            if graph.cg_mode is not NONE and not guard_says_eager(config, min_tokens,
-                                                                  graph.num_tokens):
-                desc = graph
+            if graph.cg_mode is not NONE:
+                staged = staging_keeps(config, graph, min_tokens, batch.num_tokens)
+                if staged or not guard_says_eager(config, min_tokens, graph.num_tokens):
+                    desc = graph
         if desc is None:  # 2b / T2: split eagerly at the largest rank's size
             desc = GraphDescriptor(NONE, max_tokens, batch.num_reqs, num_ubatches=k)
         state_reqs = desc.num_reqs if desc.cg_mode is FULL else max_reqs  # 2c
         return desc, DpSyncState((desc.num_tokens,) * dp, synced_uct,
-                                 eager=desc.cg_mode is NONE, num_reqs=state_reqs)
+                                 eager=desc.cg_mode is NONE, num_reqs=state_reqs,
+                                 staged_tokens=tuple(tokens) if staged else None)
     if min(votes) == NONE.value:  # 3 / T3: someone votes eager, nobody pads
         return (GraphDescriptor(NONE, batch.num_tokens, batch.num_reqs),
                 DpSyncState(tuple(tokens), synced_uct, eager=True, num_reqs=max_reqs))
@@ -276,11 +300,14 @@ def pad_and_split(rank: int, batch: RankBatch, desc: GraphDescriptor,
     padded = max(real, desc.num_tokens)
     num_reqs = batch.num_reqs if desc.num_reqs is None else desc.num_reqs
     regions = []
+    staged = state is not None and state.staged_tokens is not None
     if desc.num_ubatches > 1:
         k = desc.num_ubatches
         size = padded // k
         for i in range(k):
             start = i * size
             end = padded if i == k - 1 else start + size
-            regions.append(Region(end - start, max(0, min(end, real) - start)))
+            held = (staged_real_tokens(real, padded, k, i) if staged
+                    else max(0, min(end, real) - start))
+            regions.append(Region(end - start, held))
     return StepPlan(rank, desc, state, padded, num_reqs, real, tuple(regions))

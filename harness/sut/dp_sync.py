@@ -9,16 +9,17 @@ are deduced from their token counts, never communicated, so the deduction must b
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from harness.batch import RankBatch, deciding_batch
-from harness.bug_switches import QueryLenBound, UbatchVote
+from harness.bug_switches import DraftSyncState, QueryLenBound, UbatchVote
 from harness.config import CudaGraphMode, HarnessConfig
 from harness.history.decision import DpSyncState, GraphDescriptor
 from harness.runtime.comm import CollectiveLog, all_reduce_sum
 from harness.sut.graph_table import GraphTable
+from harness.sut.staging import stages_step
 from harness.sut.thresholds import guard_sends_to_eager, ubatch_thresholds_met
 
 # Rows of the gathered matrix; column r is rank r's contribution.
@@ -66,7 +67,7 @@ def decide_from_matrix(config: HarnessConfig, table: GraphTable,
         desc = GraphDescriptor(CudaGraphMode.NONE, batch.num_tokens, batch.num_reqs)
         state = DpSyncState(tuple(tokens), synced_uct, eager=True, num_reqs=max(reqs),
                             skip_drafts=skip_drafts)
-        return SyncDecision(desc, state)
+        return SyncDecision(desc, drafter_state(config, state, batch))
     # Varlen decode graphs are chosen by the bound, so every rank dispatches with the synced
     # one: the largest, or none when some rank has a prefill (docs/spec.md §1.6).
     synced_max_query_len = None if -1 in max_query_lens else max(max_query_lens)
@@ -76,7 +77,16 @@ def decide_from_matrix(config: HarnessConfig, table: GraphTable,
     num_reqs = desc.num_reqs if desc.cg_mode is CudaGraphMode.FULL else max(reqs)
     state = DpSyncState((desc.num_tokens,) * len(tokens), synced_uct, eager=False,
                         num_reqs=num_reqs, skip_drafts=skip_drafts)
-    return SyncDecision(desc, state)
+    return SyncDecision(desc, drafter_state(config, state, batch))
+
+
+def drafter_state(config: HarnessConfig, state: DpSyncState, batch: RankBatch) -> DpSyncState:
+    """The state the drafter's step reuses; with draft_sync_state rank-local (vLLM #53694,
+    #54856), a step that drafts keeps this rank's own request count in it."""
+    drafts = config.serving.decode_query_len > 1 and not state.skip_drafts
+    if config.mutation.draft_sync_state is DraftSyncState.RANK_LOCAL and drafts:
+        return replace(state, num_reqs=batch.num_reqs)
+    return state
 
 
 def opts_out_alone(config: HarnessConfig, batch: RankBatch) -> bool:
@@ -93,9 +103,13 @@ def _microbatched(config: HarnessConfig, table: GraphTable, tokens: list[int], r
     k = config.num_ubatches
     largest, smallest = max(tokens), min(tokens)
     desc: GraphDescriptor | None = None
+    staged = False
     if config.serving.cudagraph_mode is not CudaGraphMode.NONE:
         desc = table.dispatch(batch.num_reqs, largest, synced_uct, num_ubatches=k)
-        if guard_sends_to_eager(config.mutation.guard, smallest, desc.num_tokens, k):
+        # Guard staged keeps a twin the fixed guard refuses when staging fills it (§3.4).
+        staged = stages_step(config, tokens, batch.num_tokens, desc)
+        if not staged and guard_sends_to_eager(config.mutation.guard, smallest,
+                                               desc.num_tokens, k):
             desc = None
     if desc is None:
         desc = GraphDescriptor(CudaGraphMode.NONE, largest, batch.num_reqs, num_ubatches=k)
@@ -105,7 +119,7 @@ def _microbatched(config: HarnessConfig, table: GraphTable, tokens: list[int], r
         num_reqs = desc.num_reqs
     state = DpSyncState((desc.num_tokens,) * len(tokens), synced_uct,
                         eager=desc.cg_mode is CudaGraphMode.NONE, num_reqs=num_reqs,
-                        skip_drafts=skip_drafts)
+                        skip_drafts=skip_drafts, staged_tokens=tuple(tokens) if staged else None)
     return SyncDecision(desc, state)
 
 

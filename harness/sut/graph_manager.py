@@ -22,8 +22,9 @@ from harness.model.step_buffers import StepBuffers, UbatchMetadata, prepare_micr
 from harness.model.ubatch_slice import UbatchSlice
 from harness.runtime.comm import CollectiveLog
 from harness.sut.graph_table import GraphTable
-from harness.sut.microbatch_runner import MicrobatchRunner
+from harness.sut.microbatch_runner import MicrobatchRunner, prepare_options
 from harness.sut.slicing import region_bounds
+from harness.sut.staged_replay import StagedLayout, restore, stage
 
 Fingerprint = tuple[tuple[str, tuple[int, ...]], ...]
 
@@ -117,7 +118,7 @@ class GraphManager:
                 finish()
             split = state.slices
         else:
-            mb = prepare_microbatch(buffers, self.whole_step_meta, buffers.whole())
+            mb = self._prepare_whole(buffers)
             with self.backend.capture(graph, self.capture_stream_for(desc), pool=self.pool):
                 self.model.forward(mb, self.cache)
             split = (buffers.whole(),)
@@ -141,21 +142,31 @@ class GraphManager:
             state = self.runner.prepare(buffers, lens)
             self.runner.run(self.model, self.cache, state, faults=faults)
             return state.slices
-        mb = prepare_microbatch(buffers, self.whole_step_meta, buffers.whole())
-        self.model.forward(mb, self.cache)
+        self.model.forward(self._prepare_whole(buffers), self.cache)
         return (buffers.whole(),)
 
-    def replay(self, desc: GraphDescriptor, requests, lens) -> tuple[UbatchSlice, ...]:
+    def _prepare_whole(self, buffers: StepBuffers, for_replay: bool = False):
+        return prepare_microbatch(buffers, self.whole_step_meta, buffers.whole(),
+                                  **prepare_options(self.config, for_replay))
+
+    def replay(self, desc: GraphDescriptor, requests, lens,
+               layout: StagedLayout | None = None) -> tuple[UbatchSlice, ...]:
         """Refresh the graph's buffers in place, prepare the split, replay; returns the
-        split prepared for this batch (to compare with the captured one)."""
+        split prepared for this batch (to compare with the captured one). With a staged
+        `layout` the real tokens are spread over every region, and restored after (§3.4)."""
         captured = self.lookup(desc)
-        captured.buffers.fill(requests)
-        if desc.microbatched:
-            split = self.runner.prepare(captured.buffers, lens).slices
+        if layout is None:
+            captured.buffers.fill(requests)
         else:
-            prepare_microbatch(captured.buffers, self.whole_step_meta, captured.buffers.whole())
+            lens = stage(captured.buffers, requests, layout, self.cache.scratch_slot)
+        if desc.microbatched:
+            split = self.runner.prepare(captured.buffers, lens, for_replay=True).slices
+        else:
+            self._prepare_whole(captured.buffers, for_replay=True)
             split = (captured.buffers.whole(),)
         captured.graph.replay()
+        if layout is not None:
+            restore(captured.buffers, requests, layout, self.config.mutation.staging_restore)
         for i, sl in enumerate(captured.split):  # the replay's routes are in the captured ones
             self.model.reserve(i, sl.num_tokens)
         return split
@@ -165,5 +176,5 @@ class GraphManager:
         unreachable twin wastes, besides its pool)."""
         b = self.captured[key].buffers
         tensors = (b.input_ids, b.positions, b.is_padding, b.query_start_loc, b.seq_lens,
-                   b.slot_ids, b.output)
+                   b.slot_ids, b.computed, b.output)
         return sum(t.numel() * t.element_size() for t in tensors)

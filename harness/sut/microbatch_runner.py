@@ -13,14 +13,23 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.bug_switches import LookbackRefresh
 from harness.config import HarnessConfig
 from harness.faults import Fault, FaultKind, InjectedFault
 from harness.model.mini_moe import MiniMoE
 from harness.model.state import StateCache
 from harness.model.step_buffers import Microbatch, StepBuffers, UbatchMetadata, prepare_microbatch
 from harness.model.ubatch_slice import UbatchSlice
+from harness.runtime.sanitizer import sanitized_thread
 from harness.runtime.ubatching import MicrobatchThreads, UBatchContext
 from harness.sut.slicing import clamped_ubatch_slices
+
+
+def prepare_options(config: HarnessConfig, for_replay: bool) -> dict:
+    """The planted slips `prepare_microbatch` takes (docs/spec.md §7.18-7.19)."""
+    m = config.mutation
+    return {"continuation": m.continuation,
+            "rebind_lookback": for_replay and m.lookback_refresh is LookbackRefresh.REBIND}
 
 
 @dataclass(frozen=True)
@@ -77,11 +86,13 @@ class MicrobatchRunner:
     def alive_threads(self) -> list[str]:
         return [t.name for t in self.threads.alive_threads()]
 
-    def prepare(self, step: StepBuffers, query_lens: Sequence[int]) -> UbatchState:
+    def prepare(self, step: StepBuffers, query_lens: Sequence[int],
+                for_replay: bool = False) -> UbatchState:
         """Split the (padded) step and write each microbatch's metadata in place."""
         slices = clamped_ubatch_slices(query_lens, step.num_tokens, step.num_reqs,
                                        self.num_ubatches)
-        microbatches = tuple(prepare_microbatch(step, self.metas[i], s, i)
+        options = prepare_options(self.config, for_replay)
+        microbatches = tuple(prepare_microbatch(step, self.metas[i], s, i, **options)
                              for i, s in enumerate(slices))
         return UbatchState(slices, microbatches)
 
@@ -128,7 +139,8 @@ class MicrobatchRunner:
                 return
             overlap = (_FaultyOverlap(ctx, after_yields=1)
                        if FaultKind.RAISE_IN_UBATCH in kinds else ctx)
-            model.forward(mb, cache, overlap)
+            with sanitized_thread():  # the protocol's threads, under CUDA's sanitizer
+                model.forward(mb, cache, overlap)
 
         return body
 

@@ -16,7 +16,7 @@ from dataclasses import replace
 import torch
 
 from harness.batch import RankBatch, deciding_batch
-from harness.bug_switches import DummyPadding, EagerSlices
+from harness.bug_switches import DummyExecution, DummyPadding, EagerSlices, IdleStep
 from harness.config import CudaGraphMode, HarnessConfig
 from harness.faults import Fault, FaultKind, InjectedFault
 from harness.history.decision import GraphDescriptor
@@ -32,6 +32,8 @@ from harness.runtime.streams import CpuStreams, CudaStreams, make_streams
 from harness.sut import systems
 from harness.sut.graph_manager import GraphManager
 from harness.sut.microbatch_runner import MicrobatchRunner
+from harness.sut.staged_replay import staged_layout
+from harness.sut.staging import scheduled_routes
 
 
 def decide_under_rank_faults(runtime, batch, faults: Sequence[Fault]):
@@ -137,6 +139,7 @@ class RankRuntime:
         mark = self.log.mark()
         plan, executed, captured_split, replay_split, fingerprint = None, "failed", (), (), ()
         replayed = None  # the descriptor of the graph whose replay ran
+        staged = None  # the plan of a replay that staged its real tokens (docs/spec.md §3.4)
         ran: tuple = ()  # the split the model actually ran (whose comm buffers hold the routes)
         outputs: torch.Tensor = torch.zeros(0)
         error = None
@@ -144,14 +147,19 @@ class RankRuntime:
         try:
             if self.fence is not None:
                 self.fence.check()  # a device held by a stuck collective takes no new work
+            if self._returns_early(batch):
+                return self._skipped(index, start)
+            self.model.set_run_tag(index + 1)  # capture ran under tag 0
             plan = decide_under_rank_faults(self, batch, faults)
-            plan_ran = self._dummy_unpadded(plan, batch)
+            plan_ran = self._dummy_eager(self._dummy_unpadded(plan, batch), batch)
             desc = plan_ran.desc
             captured = (self.manager.lookup(desc) if desc.cg_mode is CudaGraphMode.FULL
                         else None)
             if captured is not None:
                 replayed = captured.desc.label()
-                replay_split = self.manager.replay(desc, requests, lens)
+                layout = staged_layout(plan_ran)
+                replay_split = self.manager.replay(desc, requests, lens, layout)
+                staged = plan_ran if layout is not None else None
                 captured_split = ran = captured.split
                 fingerprint = self.log.since(mark) + captured.fingerprint
                 outputs = captured.buffers.output[:batch.num_tokens]
@@ -172,20 +180,32 @@ class RankRuntime:
             rank=self.rank, step=index, plan=plan, executed=executed,
             captured_split=tuple(span(s) for s in captured_split),
             replay_split=tuple(span(s) for s in replay_split),
-            fingerprint=fingerprint, routes=self._received_routes(ran, error is None),
+            fingerprint=fingerprint, routes=self._received_routes(ran, error is None,
+                                                                 staged),
             replayed=replayed, ran_split=tuple(span(s) for s in ran),
             a2a_tokens_per_rank=self.model.capacity // self.config.model.top_k,
+            run_tag=index + 1, received_tags=self._received_tags(ran, error is None),
             # A wedged device would block any read; its rows are left out.
             outputs=() if wedged else rows_of(outputs),
             state=() if wedged else rows_of(self.cache.state),
             threads_alive=self.alive_threads(), pending_run=self.has_pending_run, error=error,
             injected_fault=bool(faults), seconds=time.monotonic() - start)
 
-    def _received_routes(self, split, completed: bool) -> tuple[tuple[int, int, int], ...]:
+    def _received_routes(self, split, completed: bool,
+                         staged=None) -> tuple[tuple[int, int, int], ...]:
+        """Routes as (source, scheduled token index, expert); a staged replay's rows are
+        turned back into scheduled order with every source's layout."""
         if not completed:
             return ()
-        return tuple(sorted(route for i, sl in enumerate(split)
-                            for route in self.model.received_routes(i, sl.num_tokens)))
+        routes = tuple(sorted(route for i, sl in enumerate(split)
+                              for route in self.model.received_routes(i, sl.num_tokens)))
+        return routes if staged is None else scheduled_routes(routes, staged)
+
+    def _received_tags(self, split, completed: bool) -> tuple[tuple[int, int, int], ...]:
+        if not completed:
+            return ()
+        return tuple(tag for i, sl in enumerate(split)
+                     for tag in self.model.received_tags(i, sl.num_tokens))
 
     def _dummy_unpadded(self, plan, batch):
         """What the rank runs: its plan, or with dummy_padding unpadded (vLLM issue #26137) an
@@ -199,6 +219,28 @@ class RankRuntime:
             desc = GraphDescriptor(CudaGraphMode.NONE, dummy.num_tokens, dummy.num_reqs)
         return replace(plan, desc=desc, num_tokens=desc.num_tokens,
                        num_reqs=desc.num_reqs or dummy.num_reqs, regions=())
+
+    def _returns_early(self, batch: RankBatch) -> bool:
+        """idle_step skip (vLLM #43547): a rank with no token leaves the step before the DP
+        sync and the dummy forward its peers' collectives need."""
+        return (self.config.mutation.idle_step is IdleStep.SKIP and not batch.num_tokens
+                and self.config.serving.dp_size > 1)
+
+    def _skipped(self, index: int, start: float) -> StepRecord:
+        """The record of a step the rank left at once: no plan, no collective, no row."""
+        return replace(StepRecord.failed(self.rank, index, None), executed="skipped",
+                       fingerprint=(), state=rows_of(self.cache.state), error=None,
+                       threads_alive=self.alive_threads(), pending_run=self.has_pending_run,
+                       seconds=time.monotonic() - start)
+
+    def _dummy_eager(self, plan, batch):
+        """What an idle rank runs: its plan, or with dummy_execution eager (ROCm/ATOM #1697)
+        the dummy eagerly and unsplit where its peers replay a graph."""
+        if (self.config.mutation.dummy_execution is not DummyExecution.EAGER or batch.num_tokens
+                or plan.desc.cg_mode is not CudaGraphMode.FULL):
+            return plan
+        desc = GraphDescriptor(CudaGraphMode.NONE, plan.num_tokens, plan.num_reqs)
+        return replace(plan, desc=desc, regions=())
 
     def _eager_reqs(self, plan) -> int:
         """Requests an eager step pads to: the plan's (a NONE descriptor pads none), or with

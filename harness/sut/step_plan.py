@@ -12,6 +12,7 @@ from harness.runtime.comm import CollectiveLog
 from harness.sut.dp_sync import SyncDecision, decide_from_matrix, gathered_rows, sync_dp
 from harness.sut.graph_table import GraphTable
 from harness.sut.slicing import regions
+from harness.sut.staging import staged_regions
 
 
 def plan_step(rank: int, batch: RankBatch, decision: SyncDecision) -> StepPlan:
@@ -20,6 +21,9 @@ def plan_step(rank: int, batch: RankBatch, decision: SyncDecision) -> StepPlan:
     num_reqs = desc.num_reqs or batch.num_reqs
     rank_regions = (regions(num_tokens, batch.num_tokens, desc.num_ubatches)
                     if desc.microbatched else ())
+    if decision.state is not None and decision.state.staged_tokens is not None:
+        # A staged step's regions count the real tokens its layout puts there (§3.4).
+        rank_regions = staged_regions(batch.num_tokens, desc.num_tokens, desc.num_ubatches)
     return StepPlan(rank, desc, decision.state, num_tokens, num_reqs, batch.num_tokens,
                     rank_regions)
 

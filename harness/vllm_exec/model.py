@@ -33,6 +33,8 @@ from harness.model.mini_moe import MiniMoE
 from harness.model.state import StateCache
 from harness.model.step_buffers import Microbatch
 from harness.model.weights import DTYPE
+from harness.runtime.sanitizer import sanitized_thread
+from harness.vllm_exec.ids_gather import AllGather, IdsGather
 from harness.vllm_exec.stream_log import OFF, StreamLog
 
 LAYER = "mini.attn"  # the one attention layer's name in vLLM's per-layer metadata
@@ -107,10 +109,15 @@ class VllmStyleMoE(MiniMoE):
     """MiniMoE whose all-to-alls hand off through vLLM's ubatching functions, with faults."""
 
     def __init__(self, config: HarnessConfig, rank: int, all_to_all, ubatching: ModuleType,
-                 device: str = "cpu", stream_log: StreamLog = OFF) -> None:
+                 device: str = "cpu", stream_log: StreamLog = OFF, *,
+                 all_gather: AllGather) -> None:
         super().__init__(config, rank, all_to_all, device=device)
         self.u = ubatching
         self.stream_log = stream_log
+        # A microbatch never holds more than a step's tokens: one buffer size for every rank.
+        self.ids = IdsGather(all_gather, ubatching, stream_log, rank, self.peers,
+                             config.serving.max_num_batched_tokens * self.top_k,
+                             config.mutation.ids_gather_wait, self.device)
         self.switch_sync = config.mutation.switch_to_compute is SwitchToCompute.SYNC
         self.overlap = _VllmOverlap(ubatching)
         self.trace = StepTrace()
@@ -131,8 +138,20 @@ class VllmStyleMoE(MiniMoE):
         self.trace = StepTrace()
         return self.trace
 
+    def starting(self, ub: int) -> None:
+        """Microbatch `ub` starts a forward, one layer: its next exchange is the dispatch
+        (a warm-up or a capture runs between steps, with no `arm`)."""
+        self.running.ubatch = ub
+        self._exchanges[ub] = 0
+
     def _has(self, ubatch: int, kind: FaultKind) -> bool:
         return kind in self.faults.get(ubatch, ())
+
+    def route(self, hidden: torch.Tensor, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The router's top-k, then the ids exchange the dispatch routes by (§11.5)."""
+        self.ids.before_routing()
+        weights, topk_ids = super().route(hidden, real)
+        return weights, self.ids.exchange(self.u.dbo_current_ubatch_id(), topk_ids)
 
     def _exchange(self, out: torch.Tensor, inp: torch.Tensor, overlap) -> None:
         ub = self.u.dbo_current_ubatch_id()
@@ -217,9 +236,10 @@ class MiniModel:
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor,
                  **unused: object) -> torch.Tensor:
         ub = self.moe.u.dbo_current_ubatch_id()
-        self.moe.running.ubatch = ub
+        self.moe.starting(ub)
         try:
-            return self._forward(input_ids, positions, ub)
+            with sanitized_thread():  # vLLM's microbatch threads, under CUDA's sanitizer
+                return self._forward(input_ids, positions, ub)
         except BaseException as exc:
             self.moe.trace.failed(ub, exc)
             raise
@@ -229,9 +249,11 @@ class MiniModel:
         meta: AttnMeta = ctx.attn_metadata[LAYER]
         num_tokens, num_reqs = input_ids.shape[0], meta.slot_ids.shape[0]
         out = torch.zeros(num_tokens, self.moe.hidden_size, dtype=DTYPE, device=self.moe.device)
+        qsl, seq_lens = meta.query_start_loc[:num_reqs + 1], meta.seq_lens[:num_reqs]
+        # vLLM's sliced metadata carries seq_lens: the cached counts are what they imply.
+        computed = seq_lens.long() - (qsl[1:] - qsl[:-1])
         mb = Microbatch(ub, self.moe.u.dbo_current_ubatch_token_offset(), input_ids.long(),
-                        positions, ctx.is_padding, meta.query_start_loc[:num_reqs + 1],
-                        meta.seq_lens[:num_reqs], meta.slot_ids, out)
+                        positions, ctx.is_padding, qsl, seq_lens, meta.slot_ids, out, computed)
         if self.moe._has(ub, FaultKind.RETURN_WITHOUT_YIELDING):
             return out.zero_()  # skips its MoE layer: no all-to-all, no yield
         self.moe.forward(mb, self.cache, self.moe.overlap)

@@ -42,6 +42,7 @@ from harness.runtime.comm import CollectiveLog, EagerAllToAll, LoggedAllToAll
 from harness.runtime.device_fence import DeviceFence
 from harness.sut import systems
 from harness.sut.rank_runtime import decide_under_rank_faults, settled
+from harness.vllm_exec.ids_gather import BoundedAllGather
 from harness.vllm_exec.inputs import (
     ATTN_GROUPS,
     KV_CACHE_CONFIG,
@@ -88,7 +89,8 @@ class VllmExecRuntime:
         self.log = CollectiveLog(trace_path)
         self.moe = VllmStyleMoE(config, rank, LoggedAllToAll(
             EagerAllToAll(group, collective_timeout_s), self.log), self.code.ubatching,
-            device=self.device, stream_log=self.stand_ins.stream_log)
+            device=self.device, stream_log=self.stand_ins.stream_log,
+            all_gather=BoundedAllGather(group, collective_timeout_s, self.log))
         self.cache = StateCache(config.serving.max_num_reqs, config.model.hidden_size, self.device)
         self.cache.state.copy_(initial_state(config, rank))
         self.model = MiniModel(self.moe, self.cache, forward_context)

@@ -19,6 +19,7 @@ On a CPU rank (`CpuStandIns`) the machine lacks the rest too:
   every event record and wait is seen (and a stream being captured records its thread's ops);
 - `torch.cuda.CUDAGraph` / `torch.cuda.graph`: the emulated graph (harness/runtime/
   emulated_graph.py), which records what is issued on the capture stream and replays it;
+  each replay logs again the stream order its capture logged (docs/spec.md §11.1);
 - `torch.accelerator.set_device_index`, `synchronize` and `current_blas_handle`: nothing
   to select, wait for or warm.
 
@@ -46,7 +47,7 @@ import torch
 from harness.runtime.emulated_graph import EmulatedGraph, EmulatedGraphs, EmulatedPool
 from harness.runtime.graphs import CUDA_EMPTY_GRAPH_WARNING
 from harness.runtime.streams import CpuStreams, LogicalEvent, LogicalStream
-from harness.vllm_exec.stream_log import OFF, StreamLog
+from harness.vllm_exec.stream_log import OFF, LoggedGraph, StreamLog
 
 
 class _ThreadSetupHook:
@@ -229,13 +230,16 @@ class _CpuCuda:
         return None
 
     def CUDAGraph(self) -> EmulatedGraph:  # noqa: N802
-        return self._s.graphs.new_graph()
+        return LoggedGraph(self._s.stream_log, self._s.graphs.collective_timeout_s)
 
     @contextlib.contextmanager
     def graph(self, graph: EmulatedGraph, pool: Any = None, stream: LogicalStream | None = None,
               **kwargs: Any) -> Iterator[EmulatedGraph]:
+        mark = self._s.stream_log.mark()
         with self._s.capture_observer(graph), self._s.graphs.capture(graph, stream, pool=pool):
             yield graph
+        if isinstance(graph, LoggedGraph):
+            graph.captured_order(self._s.stream_log.since(mark))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(torch.cuda, name)

@@ -4,7 +4,8 @@ current when it was issued, in one issue order (harness/check/stream_order.py ju
 
 On CPU an op runs when it is issued, so a read on one stream of what another wrote gives the
 right rows even with no event between them; the log keeps what a GPU would have raced on.
-Where the streams are real CUDA streams nothing is logged (the log is off).
+A replayed emulated graph logs again what its capture logged on the streams the capture
+took in. Where the streams are real CUDA streams nothing is logged (the log is off).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from harness.history.records import StreamOp
+from harness.runtime.emulated_graph import EmulatedGraph
 
 
 class StreamLog:
@@ -35,6 +37,12 @@ class StreamLog:
         if self.on:
             self._ops.append(StreamOp(kind, self._current().name, tensor, op))
 
+    def replayed(self, ops: tuple[StreamOp, ...]) -> None:
+        """A graph's replay issues again what its capture logged, streams and events as
+        captured (no Python runs at replay to log it)."""
+        if self.on:
+            self._ops.extend(ops)
+
     def mark(self) -> int:
         return len(self._ops)
 
@@ -43,3 +51,21 @@ class StreamLog:
 
 
 OFF = StreamLog()
+
+
+class LoggedGraph(EmulatedGraph):
+    """An emulated graph whose every replay logs the stream order its capture logged on the
+    streams the capture took in: what a launch of the graph issues, events as captured."""
+
+    def __init__(self, stream_log: StreamLog, collective_timeout_s: float | None) -> None:
+        super().__init__(collective_timeout_s)
+        self._log = stream_log
+        self.stream_order: tuple[StreamOp, ...] = ()
+
+    def captured_order(self, logged: tuple[StreamOp, ...]) -> None:
+        # Work issued meanwhile on a stream outside the capture ran then, not at replay.
+        self.stream_order = tuple(op for op in logged if op.stream in self.streams)
+
+    def replay(self) -> None:
+        self._log.replayed(self.stream_order)
+        super().replay()

@@ -1,0 +1,38 @@
+"""PyTorch's CUDA sanitizer (`TORCH_CUDA_SANITIZER=1`) in microbatch threads.
+
+The sanitizer is a dispatch mode entered once, in the thread that imports torch; dispatch
+modes are per thread, so it never sees the tensor accesses of the threads a microbatched step
+runs on, where every handoff between the compute and comm streams happens (measured:
+docs/measurements.md, "Stream order"). Its stream and event hooks are process-wide, so
+entering its one mode in each microbatch thread is all it lacks. torch exposes no public way
+to do that: this is the one place the harness reaches into `torch.cuda._sanitizer`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+
+def _enabled_mode():
+    """The sanitizer's dispatch mode, when it is on in this process; else None."""
+    try:
+        from torch.cuda import _sanitizer
+    except ImportError:  # a torch without it
+        return None
+    sanitizer = getattr(_sanitizer, "cuda_sanitizer", None)
+    return sanitizer.dispatch if sanitizer is not None and sanitizer.enabled else None
+
+
+@contextlib.contextmanager
+def sanitized_thread() -> Iterator[None]:
+    """Run the block under the sanitizer's mode in this thread too, when it is on and the
+    thread is not under it yet (the main thread, a nested call)."""
+    mode = _enabled_mode()
+    if mode is None or mode in _get_current_dispatch_mode_stack():
+        yield
+        return
+    with mode:
+        yield
