@@ -66,13 +66,14 @@ def random_seeds(count: int) -> list[int]:
 
 
 def print_detection(rows: list[DetectionRow]) -> None:
-    print(f"\n{'world':9} {'variant':24} {'found':>6} {'median s':>9} {'worst s':>8} "
+    width = max([len("variant"), *(len(row.variant) for row in rows)])
+    print(f"\n{'world':9} {'variant':{width}} {'found':>6} {'median s':>9} {'worst s':>8} "
           f"{'examples (per seed)':24} goal <{GOAL_S:.0f}s")
     for row in rows:
         median, worst = row.median_s(), row.worst_s()
         per_seed = ", ".join("-" if e is None else str(e) for e in row.examples)
         met = "yes" if worst is not None and worst < GOAL_S else "NO"
-        print(f"{row.world:9} {row.variant:24} {row.found:>3}/{len(row.seconds):<2} "
+        print(f"{row.world:9} {row.variant:{width}} {row.found:>3}/{len(row.seconds):<2} "
               f"{_fmt(median):>9} {_fmt(worst):>8} {per_seed:24} {met}")
 
 

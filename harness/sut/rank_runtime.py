@@ -228,10 +228,12 @@ class RankRuntime:
 
     def _skipped(self, index: int, start: float) -> StepRecord:
         """The record of a step the rank left at once: no plan, no collective, no row."""
-        return replace(StepRecord.failed(self.rank, index, None), executed="skipped",
-                       fingerprint=(), state=rows_of(self.cache.state), error=None,
-                       threads_alive=self.alive_threads(), pending_run=self.has_pending_run,
-                       seconds=time.monotonic() - start)
+        return StepRecord(
+            rank=self.rank, step=index, plan=None, executed="skipped", captured_split=(),
+            replay_split=(), fingerprint=(), routes=(), outputs=(),
+            state=rows_of(self.cache.state), threads_alive=self.alive_threads(),
+            pending_run=self.has_pending_run, error=None, injected_fault=False,
+            seconds=time.monotonic() - start)
 
     def _dummy_eager(self, plan, batch):
         """What an idle rank runs: its plan, or with dummy_execution eager (ROCm/ATOM #1697)
