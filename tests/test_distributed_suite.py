@@ -112,24 +112,15 @@ def test_the_fuzzer_finds_each_planted_bug_from_nothing_and_shrinks_it(
     assert judge(fuzz_world.run(replayed.with_reference_behaviour())).ok
 
 
-def test_the_fuzzer_finds_nothing_on_the_reference(request, fuzz_world, tmp_path):
-    outcome = fuzz(VARIANTS["reference"], fuzz_world.run,
+# The staged reference: real-token staging (docs/spec.md §3.4) must hold every checker where
+# it replays steps the fixed guard sends to eager.
+@pytest.mark.parametrize("name", ["reference", "staged-reference"])
+def test_the_fuzzer_finds_nothing_on_the_reference(request, fuzz_world, tmp_path, name):
+    outcome = fuzz(VARIANTS[name], fuzz_world.run,
                    world=request.config.getoption("--world"), dp_sizes=(fuzz_world.nproc,),
                    budget=Budget(examples=60, seconds=None), database=None,
                    scenario_dir=tmp_path, seed=1)
     assert not outcome.found, f"{outcome.checker}: {outcome.detail}\n" + (
         outcome.scenario.to_json() if outcome.scenario else "")
     # Hypothesis's own count includes repeats the memo answers: the world ran fewer.
-    assert outcome.note == "examples exhausted" and outcome.examples > 0
-
-
-def test_the_fuzzer_finds_nothing_on_the_staged_reference(request, fuzz_world, tmp_path):
-    # Real-token staging (docs/spec.md §3.4) must hold every checker where it replays steps
-    # the fixed guard sends to eager.
-    outcome = fuzz(VARIANTS["staged-reference"], fuzz_world.run,
-                   world=request.config.getoption("--world"), dp_sizes=(fuzz_world.nproc,),
-                   budget=Budget(examples=60, seconds=None), database=None,
-                   scenario_dir=tmp_path, seed=1)
-    assert not outcome.found, f"{outcome.checker}: {outcome.detail}\n" + (
-        outcome.scenario.to_json() if outcome.scenario else "")
     assert outcome.note == "examples exhausted" and outcome.examples > 0

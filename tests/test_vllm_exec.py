@@ -153,23 +153,31 @@ def outcomes(result) -> dict[str, Outcome]:
     return {v.checker: v.outcome for v in result.steps[0].verdicts}
 
 
-def test_a_missing_compute_wait_keeps_the_rows_right_on_cpu_and_fails_stream_order(world):
-    data = json.loads((EXEC / "ht-missing-compute-wait.json").read_text())
-    result = run(world, data)
+def race_caught_by_stream_order_alone(world, name: str):
+    """Run the race scenario `name` and its undo: on CPU streams the rows hold and only
+    stream_order fails; returns (its detail, the undone result), or None on CUDA streams,
+    where nothing is logged (TORCH_CUDA_SANITIZER=1 is the tool there)."""
+    result = run(world, json.loads((EXEC / f"{name}.json").read_text()))
     got = outcomes(result)
     if world.backend != "gloo":
-        # Real CUDA streams: nothing is logged here (TORCH_CUDA_SANITIZER=1 is the tool).
         assert got["stream_order"] is Outcome.NOT_APPLICABLE
-        return
+        return None
     assert got["matches_reference"] is Outcome.HELD and got["routing_provenance"] is (
         Outcome.HELD)
     assert failed(result).keys() == {"stream_order"}
-    detail = failed(result)["stream_order"]
+    undone = run(world, load_scenario(EXEC / f"{name}.json").with_reference_behaviour()
+                 .to_dict())
+    assert undone.ok, failed(undone)
+    return failed(result)["stream_order"], undone
+
+
+def test_a_missing_compute_wait_keeps_the_rows_right_on_cpu_and_fails_stream_order(world):
+    caught = race_caught_by_stream_order_alone(world, "ht-missing-compute-wait")
+    if caught is None:
+        return
+    detail, undone = caught
     assert detail.startswith("rank 0 step 0: experts on stream default reads dispatch recv of "
                              "microbatch 0, written by all_to_all on stream vllm-comm-")
-    undone = run(world, load_scenario(EXEC / "ht-missing-compute-wait.json")
-                 .with_reference_behaviour().to_dict())
-    assert undone.ok, failed(undone)
     assert outcomes(undone)["stream_order"] is Outcome.HELD
     order = undone.steps[0].records[0].vllm_exec.stream_order
     # The comm stream's writes were waited on: an event recorded there, waited on compute.
@@ -179,22 +187,12 @@ def test_a_missing_compute_wait_keeps_the_rows_right_on_cpu_and_fails_stream_ord
 
 def test_an_ids_gather_that_waited_before_the_router_keeps_the_rows_and_fails_stream_order(
         world):
-    data = json.loads((EXEC / "ids-gather-early-wait.json").read_text())
-    result = run(world, data)
-    got = outcomes(result)
-    if world.backend != "gloo":
-        assert got["stream_order"] is Outcome.NOT_APPLICABLE
+    caught = race_caught_by_stream_order_alone(world, "ids-gather-early-wait")
+    if caught is None:
         return
-    assert got["matches_reference"] is Outcome.HELD and got["routing_provenance"] is (
-        Outcome.HELD)
-    assert failed(result).keys() == {"stream_order"}
-    assert failed(result)["stream_order"].startswith(
-        "rank 0 step 0: all_gather on stream vllm-comm-")
-    assert ("reads top-k ids of microbatch 0, written by router on stream default"
-            in failed(result)["stream_order"])
-    undone = run(world, load_scenario(EXEC / "ids-gather-early-wait.json")
-                 .with_reference_behaviour().to_dict())
-    assert undone.ok, failed(undone)
+    detail, undone = caught
+    assert detail.startswith("rank 0 step 0: all_gather on stream vllm-comm-")
+    assert "reads top-k ids of microbatch 0, written by router on stream default" in detail
     # Every rank's fingerprint holds the gather beside the all-to-alls.
     assert any(c[0] == "all_gather" for c in undone.steps[0].records[0].fingerprint)
 

@@ -16,10 +16,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hypothesis import HealthCheck, Phase, Verbosity, given, settings, target
-from hypothesis import seed as hypothesis_seed
-from hypothesis import strategies as st
-
+from harness.bench.draws import distinct_draws
 from harness.fuzz.engine import FUZZ_TIMEOUTS, SIM_DP_SIZES, Budget, fuzz, scenario_strategy
 from harness.fuzz.variants import VARIANTS
 from harness.gen.aim import steering
@@ -78,35 +75,13 @@ def _key(scenario: Scenario) -> str:
     return json.dumps(scenario.to_dict(), sort_keys=True)
 
 
-class _Drawn(BaseException):  # noqa: N818 - a control-flow signal, not an error
-    """Enough examples drawn: unwinds out of Hypothesis as the fuzzer's budget signal does."""
-
-
 def drawn_examples(count: int, seed: int) -> list[Scenario]:
     """`count` distinct reference examples drawn as the fuzzer draws them: its strategy,
     steered by the same targets, under the fuzzer's example bound (Hypothesis schedules its
     target phase by it), stopped once enough are drawn; no world, Hypothesis's public API."""
     strategy = scenario_strategy(VARIANTS["reference"], {}, SIM_DP_SIZES)
-    seen: dict[str, Scenario] = {}
-
-    @hypothesis_seed(seed)
-    @settings(settings.get_profile("dev"), max_examples=Budget().max_examples, database=None,
-              deadline=None, phases=[Phase.generate, Phase.target], verbosity=Verbosity.quiet,
-              suppress_health_check=list(HealthCheck))
-    @given(st.data())
-    def draw(data: st.DataObject) -> None:
-        scenario = data.draw(strategy, label="scenario")
-        for label, value in steering(scenario).items():
-            target(value, label=label)
-        seen.setdefault(_key(scenario), scenario)
-        if len(seen) >= count:
-            raise _Drawn()
-
-    try:
-        draw()
-    except _Drawn:
-        pass
-    return list(seen.values())
+    return distinct_draws(strategy, count, seed, max_examples=Budget().max_examples, key=_key,
+                          steer=steering, profile="dev")
 
 
 def fuzzed_examples(seconds: float, seed: int) -> tuple[list[Arrival], str]:

@@ -14,11 +14,10 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hypothesis import HealthCheck, Phase, Verbosity, given, settings
-from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 from harness.batch import RankBatch
+from harness.bench.draws import distinct_draws
 from harness.bug_switches import Guard
 from harness.config import HarnessConfig
 from harness.fuzz.engine import SIM_DP_SIZES
@@ -61,28 +60,9 @@ def _step(draw, shape: str) -> Step:
     return config, tuple(draw(rank_batch(config, n)) for n in counts)
 
 
-class _Drawn(BaseException):  # noqa: N818 - a control-flow signal, not an error
-    """Enough steps drawn: unwinds out of Hypothesis."""
-
-
 def drawn_steps(shape: str, count: int, seed: int) -> list[Step]:
     """`count` distinct steps of one skew shape (fewer if Hypothesis runs out first)."""
-    seen: dict[Step, None] = {}
-
-    @hypothesis_seed(seed)
-    @settings(max_examples=20 * count, database=None, deadline=None, phases=[Phase.generate],
-              verbosity=Verbosity.quiet, suppress_health_check=list(HealthCheck))
-    @given(st.data())
-    def draw(data: st.DataObject) -> None:
-        seen.setdefault(data.draw(_step(shape)), None)
-        if len(seen) >= count:
-            raise _Drawn()
-
-    try:
-        draw()
-    except _Drawn:
-        pass
-    return list(seen)
+    return distinct_draws(_step(shape), count, seed, max_examples=20 * count)
 
 
 def staging_row(shape: str, steps: Sequence[Step]) -> StagingRow:

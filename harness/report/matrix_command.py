@@ -149,6 +149,14 @@ def cmd_matrix(args: argparse.Namespace) -> int:
             return 1
     order = {(r.name, c): i for i, (r, c) in enumerate((r, c) for r in rows for c in columns)}
     cells.sort(key=lambda cell: order[(cell.row, cell.column)])
+    _write_matrix(cells, rows, out, vllm, budget_text, args.json)
+    return 0
+
+
+def _write_matrix(cells: list[MatrixCell], rows, out, vllm: dict, budget_text: str,
+                  as_json: bool) -> None:
+    """matrix.md, matrix.png and matrix.json under `out`; the table (or the JSON) printed."""
+    tested = tested_vllm(HarnessConfig.of(**vllm)).removeprefix("vllm under test: ")
     markdown = matrix_markdown(cells, f"vllm under test: {tested}", budget_text)
     (out / "matrix.md").write_text(markdown)
     matrix_png(cells, out / "matrix.png", f"{tested}\n{budget_text}")
@@ -156,10 +164,9 @@ def cmd_matrix(args: argparse.Namespace) -> int:
             "rows": [{"name": r.name, "sha256": r.hashes} for r in rows],
             "budget": budget_text, "cells": [c.to_dict() for c in cells]}
     (out / "matrix.json").write_text(json.dumps(data, indent=2) + "\n")
-    if args.json:
+    if as_json:
         print(json.dumps(data))
     else:
         print()
         print(markdown, end="")
         print(f"\nwritten: {out / 'matrix.md'}, {out / 'matrix.png'}, {out / 'matrix.json'}")
-    return 0
