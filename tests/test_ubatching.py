@@ -188,6 +188,16 @@ def test_stock_bug_12_4_a_failure_strands_the_survivor_and_is_reported_as_a_hang
     assert runner.alive_threads() == []
 
 
+def test_a_survivor_no_sibling_is_left_to_wake_is_a_hang_long_before_the_timeout():
+    runner = make_runner("stock", hang_timeout_s=30.0)
+    t0 = time.monotonic()
+    with pytest.raises(MicrobatchHang) as info:
+        run(runner, [fails_after_one_yield_while_sibling_yields_twice] * 2)
+    assert time.monotonic() - t0 < 2.0
+    assert (info.value.stuck_ids, info.value.failed_ids) == ((1,), (0,))
+    assert runner.alive_threads() == []
+
+
 def test_abortable_a_failure_aborts_siblings_and_names_microbatch_0_within_a_second():
     runner = make_runner("abortable", hang_timeout_s=30.0, join_timeout_s=5.0)
     t0 = time.monotonic()

@@ -43,10 +43,12 @@ from harness.scenario import Scenario
 from harness.timeouts import Timeouts
 
 # Short bounds: a hang is found in seconds, and a failing example costs little to shrink.
-# A failure is only believed once it reproduces on a second run (see _Search.verdict).
+# A failure is only believed once it reproduces on a second run: the first one at once, the
+# shrunk one at the end (see _Search.verdict and _Search.confirmed).
 FUZZ_TIMEOUTS = Timeouts(collective_s=1.0, hang_s=1.5, step_deadline_s=3.0)
 SIM_DP_SIZES = (2, 3, 4)
 MAX_STEPS = 4  # steps per scenario: each config's capture serves several token vectors
+CONFIRM_TRIES = 3  # shrunk failures rerun, newest first, before falling back to the first
 
 
 @dataclass(frozen=True)
@@ -156,6 +158,8 @@ class _Search:
     results: dict[str, ExampleVerdict] = field(default_factory=dict)
     last_failing: Scenario | None = None
     flaky: list[Scenario] = field(default_factory=list)  # failed once, passed on the rerun
+    first_failing: Scenario | None = None  # the detection, confirmed by a rerun
+    believed: list[Scenario] = field(default_factory=list)  # shrink steps, not rerun yet
     saved_at_start: int = 0  # saved failures the current Hypothesis run replays first
     calls: int = 0  # test-body calls in the current Hypothesis run
     found_by: str | None = None
@@ -185,12 +189,15 @@ class _Search:
                 self.elapsed() - self.found_at[1] > self.budget.shrink_seconds:
             return None  # shrinking is over: an unseen candidate counts as no smaller failure
         verdict = self._judge(scenario)
-        if not verdict.ok and self._judge(scenario).ok:
+        if not verdict.ok and self.found_at is None and self._judge(scenario).ok:
             # Short timeouts on a loaded machine can miss once; a real bug fails again.
             self.flaky.append(scenario)
             verdict = ExampleVerdict(True, None, f"flaky: {verdict.checker}: {verdict.detail}")
+        elif not verdict.ok and self.found_at is not None:
+            self.believed.append(scenario)  # a shrink step: rerun once, at the end
         self.results[key] = verdict
         if not verdict.ok and self.found_at is None:
+            self.first_failing = scenario
             self.found_at = (self.examples, self.elapsed())
             # The reuse phase runs the saved failures before the search draws anything.
             self.found_by = "replay" if self.calls <= self.saved_at_start else "search"
@@ -212,6 +219,27 @@ class _Search:
             append(self.log_path, _example_entry(self, scenario, result,
                                                  time.monotonic() - began))
         return first_failure(result, self.variant.caught_by, self.hunt)
+
+    def confirmed(self, minimal: Scenario) -> tuple[Scenario, ExampleVerdict]:
+        """The smallest failure that fails again when rerun. Shrink steps are believed on one
+        run: the shrunk scenario, then the failures it was shrunk through (newest first, up to
+        CONFIRM_TRIES in all) are rerun; the first failure, confirmed when found, is the
+        fallback."""
+        seen: set[str] = set()
+        for candidate in (minimal, *reversed(self.believed)):
+            key = candidate.to_json()
+            if key in seen:
+                continue
+            if len(seen) == CONFIRM_TRIES:
+                break
+            seen.add(key)
+            verdict = self.verdict(candidate, shrink_bounded=False)
+            if candidate == self.first_failing:
+                return candidate, verdict
+            if not verdict.ok and not self._judge(candidate).ok:
+                return candidate, verdict
+            self.flaky.append(candidate)
+        return self.first_failing, self.verdict(self.first_failing, shrink_bounded=False)
 
     def fails_like(self, scenario: Scenario, failure: _CheckerFailed) -> bool:
         # The last pass tries a few candidates only (one step alone, one rank fewer), so it
@@ -283,15 +311,15 @@ def fuzz(variant: Variant, run: Callable[[Scenario], ScenarioHistory], *, world:
                            tuple(search.flaky), search.replayed, None, search.restarts)
     minimal = reduce_scenario(search.last_failing, lambda s: search.fails_like(s, failure),
                               dp_sizes, token_seconds=search.budget.shrink_seconds)
+    minimal, verdict = search.confirmed(minimal)
     # Saved as a regression scenario: the checker that must catch it, and the undo.
-    shrunk = replace(minimal, caught_by=failure.verdict.checker,
-                     reference_changes=variant.undo)
+    shrunk = replace(minimal, caught_by=verdict.checker, reference_changes=variant.undo)
     path = Path(scenario_dir) / f"{variant.name}-{search.run_id}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(shrunk.to_json() + "\n")
     found_examples, found_seconds = search.found_at or (None, None)
-    outcome = FuzzOutcome(variant.name, world, True, failure.verdict.checker,
-                          failure.verdict.detail, shrunk, search.examples, seconds,
+    outcome = FuzzOutcome(variant.name, world, True, verdict.checker, verdict.detail, shrunk,
+                          search.examples, seconds,
                           found_examples, found_seconds,
                           replay_command(str(path), world, world_flags),
                           _blob(failure), note, tuple(search.flaky),

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from harness.errors import ErrorOrigin
+from harness.runtime.sanitizer import announce_written
 
 POLL_S = 0.0002  # an all-to-all over sockets takes about 2 ms
 
@@ -111,6 +112,7 @@ class EagerAllToAll:
                 wait_polled(work, what, self.timeout_s)
             else:
                 wait_bounded(work, what, self.timeout_s)
+            announce_written(out)  # the receive is ready on this stream from now on
 
         return wait
 

@@ -6,6 +6,10 @@ runs on, where every handoff between the compute and comm streams happens (measu
 docs/measurements.md, "Stream order"). Its stream and event hooks are process-wide, so
 entering its one mode in each microbatch thread is all it lacks. torch exposes no public way
 to do that: this is the one place the harness reaches into `torch.cuda._sanitizer`.
+
+The sanitizer judges an op by its schema, and c10d's all-to-all (`alltoall_base_`) marks no
+argument written, so an all-to-all's receive looks like a read to it: `announce_written`
+tells it of the write (docs/spec.md, "Stream order").
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 
@@ -36,3 +41,10 @@ def sanitized_thread() -> Iterator[None]:
         return
     with mode:
         yield
+
+
+def announce_written(tensor: torch.Tensor) -> None:
+    """Show the sanitizer a write of `tensor` on the current stream, when it is on: a copy of
+    the tensor onto itself, which its schema marks written and ATen returns from at once."""
+    if tensor.is_cuda and _enabled_mode() is not None:
+        tensor.copy_(tensor)

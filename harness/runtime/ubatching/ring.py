@@ -33,6 +33,7 @@ class RunState:
     # Peer slots as vLLM's _CURRENT_CONTEXTS: cleared (None) when a context exits.
     slots: list[UBatchContext | None] = field(default_factory=list)
     holder: int | None = None  # which microbatch holds the turn
+    started: bool = False  # finish() has woken microbatch 0
     protocol_errors: list[str] = field(default_factory=list)
     outputs: dict[int, Any] = field(default_factory=dict)
     failures: dict[int, BaseException] = field(default_factory=dict)
@@ -68,6 +69,7 @@ class UBatchContext:
         self.inbox: list[RecvHook] = []  # abortable: hooks for me, FIFO, never overwritten
         self.own_hooks: list[RecvHook] = []  # abortable: my hooks whose target had exited
         self.exited = False
+        self.done = False  # my thread has ended: it sets no event any more
         self.num_yields = 0
         self.dropped_hooks = 0
         self.thread: threading.Thread | None = None
@@ -139,8 +141,16 @@ class UBatchContext:
                     raise MicrobatchAborted(f"microbatch {self.id} of {run.k} aborted")
                 self._take_turn()
                 return
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline or self._nobody_can_wake_me():
                 raise Stuck()
+
+    def _nobody_can_wake_me(self) -> bool:
+        """A wait that no one can end: the run has started and every sibling's thread has
+        ended, so nothing will set my event (a hang proven before its timeout)."""
+        run = self._run
+        # `done` first: a sibling sets my event, or the abort, before its thread ends.
+        return (run.started and all(ctx.done for ctx in run.contexts if ctx is not self)
+                and not run.abort.is_set() and not self.wait_event.is_set())
 
     def _cpu_yield(self) -> None:
         run = self._run

@@ -2,8 +2,9 @@
 
 The starter and the k threads meet at a ready barrier (outside any graph); `finish()` wakes
 microbatch 0, joins the threads and merges their outputs in id order. Every wait gives up
-after `hang_timeout_s`: the stuck thread ends without running its exit protocol, and
-`finish()` raises `MicrobatchHang` naming the stuck ids.
+after `hang_timeout_s`, or at once when every sibling's thread has ended (no one is left to
+wake it): the stuck thread ends without running its exit protocol, and `finish()` raises
+`MicrobatchHang` naming the stuck ids.
 
 Limitation: Python threads cannot be killed. A microbatch stuck outside a protocol wait (e.g. a
 body spinning forever) stays alive after `finish()`; it is a daemon thread, is reported by
@@ -82,6 +83,7 @@ def _thread_main(run: RunState, ctx: UBatchContext, body: Callable[[UBatchContex
         run.failures[ctx.id] = exc
         run.on_failure()
     finally:
+        ctx.done = True
         bind(None)
         try:
             ctx.streams.set_current_stream(ctx.streams.default_stream)
@@ -167,6 +169,7 @@ class MicrobatchThreads(Generic[T]):
                 raise RuntimeError("finish() called twice or after abort_pending()")
             try:
                 run.ring[0].set()  # wake microbatch 0
+                run.started = True
                 self._join(run)
             finally:
                 self._pending = None
