@@ -79,6 +79,11 @@ def test_a_decode_rank_beside_a_prefill_on_varlen_graphs_is_at_the_draft_bound()
     assert at_draft_bound(scenario(DRAFTS, DECODES_BESIDE_PREFILL))
 
 
+def test_an_idle_rank_beside_a_prefill_is_at_the_draft_bound_its_dummy_is_a_decode():
+    # The idle rank syncs its dummy decode's bound (2) against the prefill's none.
+    assert at_draft_bound(scenario(DRAFTS, [{"tokens": 0}, {"query_lens": [5, 1]}]))
+
+
 @pytest.mark.parametrize("config, ranks", [
     (DRAFTS, [{"query_lens": [2, 2, 1]}, {"query_lens": [2, 1]}]),  # no prefill beside it
     (DRAFTS, [{"query_lens": [5, 1]}, {"query_lens": [4, 2]}]),  # no decode rank

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from harness.runtime.emulated_graph import EmulatedGraphs
-from harness.runtime.replay_program import compile_trace, is_pure_view, out_variant
+from harness.runtime.replay_program import compile_op, compile_trace, is_pure_view, out_variant
 from harness.runtime.streams import CpuStreams
 
 
@@ -66,3 +66,17 @@ def test_an_out_overload_is_used_only_where_its_arguments_are_the_ops_own():
     # _to_copy.out drops the dtype argument (the out tensor carries it): not the same call.
     assert out_variant(aten._to_copy.default) is None
     assert out_variant(aten.topk.default) is None  # two results
+
+
+def test_a_conversion_replays_as_one_copy_into_its_captured_result_with_the_same_values():
+    counts, out = torch.tensor([3, -2, 7]), torch.zeros(3, dtype=torch.float64)
+
+    def step() -> None:
+        out.copy_(counts.to(torch.float64) * 0.5)
+
+    graph = _capture(step)
+    conversion = [compile_op(op, None) for op in graph.ops if op.name == "aten._to_copy.default"]
+    assert len(conversion) == 1 and conversion[0][3] is None  # nothing copied after it
+    counts.copy_(torch.tensor([2**53 + 1, -5, 1]))  # past float64's integers: rounds alike
+    graph.replay()
+    assert torch.equal(out, counts.to(torch.float64) * 0.5)

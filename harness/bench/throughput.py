@@ -22,7 +22,12 @@ import time
 from dataclasses import dataclass
 
 from harness.bench.cpu import ceiling_per_second, cores, cpu_seconds
-from harness.bench.detection import detection_rows, print_detection, random_seeds
+from harness.bench.detection import (
+    detection_rows,
+    print_detection,
+    random_seeds,
+    timed_variants,
+)
 from harness.bench.examples import decode_examples
 from harness.bench.multinode import dp4_rows, print_dp4
 from harness.bench.reach import print_reach_table
@@ -218,6 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.detection_seeds < 0:
         parser.error(f"--detection-seeds: a count of seeds, not {args.detection_seeds}")
+    unknown = [n for n in (args.variants or "").split(",") if n and n not in timed_variants()]
+    if unknown:
+        parser.error(f"--variants: no planted bug named {unknown[0]!r} (one of "
+                     f"{', '.join(timed_variants())})")
     if args.rebuild_rounds < 0:
         parser.error(f"--rebuild-rounds: a count of failures, not {args.rebuild_rounds}")
     if not (math.isfinite(args.reach_seconds) and args.reach_seconds >= 0):

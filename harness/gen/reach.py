@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from harness.batch import RankBatch
+from harness.batch import RankBatch, deciding_batch
 from harness.config import CudaGraphMode, HarnessConfig, Mutation
 from harness.gen.aim import reference_plans
 from harness.history.decision import StepPlan
@@ -71,8 +71,9 @@ def has_drafts(scenario: Scenario) -> bool:
 
 
 def at_draft_bound(scenario: Scenario) -> bool:
-    """Varlen draft graphs and an unsplit padded step with a decode rank beside a rank with
-    a prefill: where the synced query-length bound decides the graph (§1.6, §7.17)."""
+    """Varlen draft graphs and an unsplit padded step with a decode rank (or an idle one,
+    whose dummy batch is a decode) beside a rank with a prefill: where the synced
+    query-length bound decides the graph (§1.6, §7.17)."""
     serving = scenario.config.serving
     if serving.decode_query_len < 2 or not serving.varlen_decode:
         return False
@@ -82,9 +83,10 @@ def at_draft_bound(scenario: Scenario) -> bool:
         state = plans[0].state
         if state is None or state.eager or plans[0].desc.microbatched:
             continue
-        if not any(g >= max(b.num_tokens for b in batches) for g in bounded):
+        deciding = [deciding_batch(b, serving.decode_query_len) for b in batches]
+        if not any(g >= max(b.num_tokens for b in deciding) for g in bounded):
             continue  # no varlen graph holds the step: the bound picks nothing
-        bounds = [b.max_query_len for b in batches if b.num_tokens]
+        bounds = [b.max_query_len for b in deciding]
         if None in bounds and any(bound is not None for bound in bounds):
             return True
     return False
@@ -134,7 +136,7 @@ FIELDS: tuple[Field, ...] = (
           at_guard_edge),
     Field("twins", "a step replays a microbatched twin graph", replays_twin),
     Field("drafts", "decode_query_len > 1 (draft tokens)", has_drafts),
-    Field("draft bound", "varlen drafts, decode rank beside a prefill rank, padded step",
+    Field("draft bound", "varlen drafts, decode or idle rank beside a prefill, padded step",
           at_draft_bound),
     Field("idle ranks", "some rank has 0 tokens in a step", has_idle_rank),
     Field("request limits", "a batch at max_num_reqs or max_num_batched_tokens",

@@ -18,6 +18,7 @@ from harness.config import All2AllBackend, CudaGraphMode, Guard, HarnessConfig, 
 from harness.errors import ConfigError
 from harness.faults import Fault, FaultKind
 from harness.gen.aim import steps_with_microbatch_threads
+from harness.gen.drafts import DRAFT_LAYOUTS, decode_beside_prefill, draft_fields, draft_layout
 from harness.scenario import Scenario
 from harness.spec.decision import last_region_start
 
@@ -81,13 +82,15 @@ def fuzz_configs(draw, fixed: Mapping[str, Any] | None = None, *,
               for key in ("enable_dbo", "ubatch_size") if key in fixed or key in drawn}
     # Microbatching off is the only place draft tokens exist (vLLM rejects speculative
     # decoding with DBO); the last value, so that the simplest config keeps it on.
-    if not pinned and drafts_every and draw(st.integers(1, drafts_every)) == drafts_every:
+    drafting = bool(not pinned and drafts_every
+                    and draw(st.integers(1, drafts_every)) == drafts_every)
+    if drafting:
         pinned = {"enable_dbo": False, "ubatch_size": 0}
     fields.update(pinned or ubatching_fields(draw(st.sampled_from(ubatch_counts))))
     k = HarnessConfig.microbatches_of(fields.get("enable_dbo", True), fields.get("ubatch_size", 0))
     if k == 1:
-        fields.update(draft_fields(draw, pick_early))
-    mode = pick("cudagraph_mode", st.sampled_from(GRAPH_MODES))
+        fields.update(draft_fields(draw, pick_early, drafting))
+    mode = pick("cudagraph_mode", graph_modes(fields.get("varlen_decode", False)))
     sizes = pick("capture_sizes", st.lists(st.sampled_from(SIZE_CHOICES), min_size=1,
                                            max_size=2, unique=True).map(sorted))
     largest = max(sizes) if sizes else FUZZ_MAX_TOKENS
@@ -117,12 +120,12 @@ def fuzz_configs(draw, fixed: Mapping[str, Any] | None = None, *,
         raise  # unreachable: assume(False) rejects the example
 
 
-def draft_fields(draw, pick) -> dict[str, Any]:
-    """Speculative decoding's fields (docs/spec.md §1.6): 1 + up to 3 draft tokens per decode
-    request, and about half the time varlen decode graphs (adaptive verification)."""
-    q = pick("decode_query_len", st.integers(1, 4))
-    varlen = pick("varlen_decode", st.booleans() if q > 1 else st.just(False))
-    return {"decode_query_len": q, "varlen_decode": varlen}
+def graph_modes(varlen_decode: bool) -> st.SearchStrategy:
+    """Any of GRAPH_MODES; with varlen decode graphs FULL_AND_PIECEWISE, the one mode whose
+    padded mixed steps leave the query-length bound a graph to pick (§1.6): FULL and NONE
+    capture no varlen graph, FULL_DECODE_ONLY runs mixed steps eagerly as without them."""
+    return st.just(CudaGraphMode.FULL_AND_PIECEWISE) if varlen_decode \
+        else st.sampled_from(GRAPH_MODES)
 
 
 def request_limits(draw, mode: CudaGraphMode | str, largest: int) -> st.SearchStrategy[int]:
@@ -270,7 +273,8 @@ def skewed_batches(draw, config: HarnessConfig) -> list[RankBatch]:
     return [draw(rank_batch(config, n)) for n in counts]
 
 
-DRAFT_LAYOUTS = ("varlen", "uniform", "prefill")
+# About one step in this many of a draft config is a decode rank beside a prefill (§1.6).
+BOUND_EVERY = 3
 
 
 @st.composite
@@ -278,34 +282,22 @@ def draft_batches(draw, config: HarnessConfig) -> list[RankBatch]:
     """With draft tokens (q = decode_query_len > 1), each rank's skewed token count laid out
     as decodes of 1..q tokens (what varlen decode graphs serve), uniform decodes of exactly q
     (the uniform spec-decode graphs), or a batch with a prefill (no query-length bound), next
-    to each other; and each rank's skip_drafts vote (docs/spec.md §1.6)."""
-    counts = draw(skewed_token_counts(config))
+    to each other; one step in BOUND_EVERY prefills beside decodes within one graph (where
+    the synced bound decides); and each rank's skip_drafts vote (docs/spec.md §1.6)."""
+    shaped = (draw(decode_beside_prefill(config))
+              if draw(st.integers(1, BOUND_EVERY)) == BOUND_EVERY else [])
+    if not shaped:
+        shaped = [(n, draw(st.sampled_from(DRAFT_LAYOUTS)))
+                  for n in draw(skewed_token_counts(config))]
     everyone_skips = draw(st.integers(0, 3)) == 3
     batches = []
-    for n in counts:
+    for n, layout in shaped:
         skip = True if everyone_skips else draw(st.booleans())
         allow = _allows_ubatching(draw)
-        lens = draft_layout(config, n, draw(st.sampled_from(DRAFT_LAYOUTS)), draw)
+        lens = draft_layout(config, n, layout, draw)
         batches.append(RankBatch.from_query_lens(lens, allow, config.serving.decode_query_len,
                                                  skip))
     return batches
-
-
-def draft_layout(config: HarnessConfig, n: int, layout: str, draw) -> tuple[int, ...]:
-    """`n` tokens as requests of one layout; a layout the limits do not allow falls back to
-    the next (uniform to varlen to prefill), and a prefill needs more than q tokens."""
-    q, limit = config.serving.decode_query_len, config.serving.max_num_reqs
-    if n == 0:
-        return ()
-    if layout == "uniform" and q <= n and n // q <= limit:
-        return (q,) * (n // q)  # the rest of the count is dropped: a uniform step is whole
-    if layout in ("uniform", "varlen") and -(-n // q) <= limit:
-        reqs = draw(st.integers(-(-n // q), min(n, limit)))
-        return dummy_query_lens(reqs, n)  # tokens // reqs each, the rest one more: 1..q
-    if n > q:
-        reqs = draw(st.integers(1, min(n - q, limit)))
-        return (n - reqs + 1,) + (1,) * (reqs - 1)  # one prefill chunk longer than q
-    return (1,) * min(n, limit)
 
 
 @st.composite

@@ -11,9 +11,11 @@ import functools
 import math
 import types
 import typing
+from itertools import chain
 from typing import Any, Union
 
 from harness.errors import ConfigError
+from harness.history import packed_rows
 
 NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 _LEAVES = (bool, int, float, str)
@@ -79,14 +81,22 @@ def _shape(hint: Any) -> tuple[str, Any]:
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
         return "enum", None
     if typing.get_origin(hint) is tuple:
+        args = typing.get_args(hint)
+        if len(args) == 2 and args[1] is Ellipsis:
+            item, leaves = _shape(args[0])
+            if item == "tuple" and leaves is not None:
+                # Rows of leaves (output rows, routes): read and written in bulk, and rows of
+                # floats packed on the wire when asked.
+                return "leaf_rows", (args[0], *leaves)
         return "tuple", _leaf_items(hint)
     if hint in _LEAVES:
         return "leaf", None
     raise TypeError(f"no JSON form for {hint!r}")
 
 
-def encode(value: Any, hint: Any) -> Any:
-    """`value`, of type `hint`, as plain JSON data."""
+def encode(value: Any, hint: Any, pack: bool = False) -> Any:
+    """`value`, of type `hint`, as plain JSON data; with `pack`, rows of finite floats as
+    one packed block each (harness/history/packed_rows.py), which `decode` reads too."""
     kind, arg = _shape(hint)
     if kind == "leaf":
         if hint is float and not math.isfinite(value):
@@ -95,18 +105,20 @@ def encode(value: Any, hint: Any) -> Any:
     if kind == "any":
         return value  # already plain JSON data (e.g. a vLLM identity object)
     if kind == "optional":
-        return None if value is None else encode(value, arg)
+        return None if value is None else encode(value, arg, pack)
     if kind == "record":
-        return {name: encode(getattr(value, name), h) for name, h in _hints(hint).items()}
+        return {name: encode(getattr(value, name), h, pack) for name, h in _hints(hint).items()}
     if kind == "enum":
         return value.name
+    if kind == "leaf_rows":
+        return _encode_rows(value, *arg, pack)
     if arg is not None and arg[0] is float:
         if all(map(math.isfinite, value)):  # a row of plain numbers, as almost every row is
             return list(value)
         return [v if math.isfinite(v) else encode(v, float) for v in value]
     if arg is not None:
         return list(value)
-    return [encode(v, h) for v, h in zip(value, _items(hint, len(value)), strict=True)]
+    return [encode(v, h, pack) for v, h in zip(value, _items(hint, len(value)), strict=True)]
 
 
 def _at(where: str, name: str) -> str:
@@ -128,8 +140,15 @@ def decode(data: Any, hint: Any, where: str = "") -> Any:
         if not isinstance(data, str) or data not in hint.__members__:
             raise _wrong(where, f"one of {', '.join(hint.__members__)}", data)
         return hint[data]
+    if kind == "leaf_rows" and arg[1] is float and packed_rows.is_packed(data):
+        rows = packed_rows.unpack(data)
+        if isinstance(rows, str):
+            raise _wrong(where, rows, data)
+        return rows
     if not isinstance(data, list):
         raise _wrong(where, "a list", data)
+    if kind == "leaf_rows" and _plain_rows(data, arg[1], arg[2]):
+        return tuple(map(tuple, data))
     fast = _plain(data, hint)
     if fast is not None:
         return fast
@@ -142,6 +161,23 @@ def decode(data: Any, hint: Any, where: str = "") -> Any:
         item = _plain(v, h)
         decoded.append(decode(v, h, f"{where}[{i}]") if item is None else item)
     return tuple(decoded)
+
+
+def _encode_rows(value: Any, item: Any, leaf: type, count: int | None, pack: bool) -> Any:
+    """Rows of leaves as `encode` gives each row (a row of plain numbers as a list)."""
+    if leaf is not float:
+        return [list(row) for row in value]
+    packed = packed_rows.pack(value) if pack else None
+    if packed is not None:
+        return packed
+    return [list(row) if all(map(math.isfinite, row)) else encode(row, item) for row in value]
+
+
+def _plain_rows(data: list, leaf: type, count: int | None) -> bool:
+    """Whether every row of `data` is a list of `count` (any, for None) leaves of exactly
+    type `leaf`: then it decodes as it is, as `_plain` would find row by row."""
+    return (set(map(type, data)) <= {list} and (count is None or set(map(len, data)) <= {count})
+            and set(map(type, chain.from_iterable(data))) <= {leaf})
 
 
 def _plain(data: Any, hint: Any) -> Any:

@@ -3,7 +3,9 @@ experts sharded over the DP ranks, with dispatch/combine as fixed-size all-to-al
 
 Every op of `MiniMoE.forward` is a tensor op on buffers of fixed shape (no `.item()`, no
 branching on values), so a graph can capture it; a microbatch is a token slice plus a request
-slice with its own query_start_loc/seq_lens buffers (docs/spec.md §4.4, §5.4).
+slice with its own query_start_loc/seq_lens buffers (docs/spec.md §4.4, §5.4). Tensors that
+depend only on shapes (index ranges, filler columns, scalars) are built once
+(harness/model/constants.py): neither a step nor its graph's replay spends an op on them.
 
 How the known bugs (docs/spec.md §7) show:
 - §7.1/§7.2 (replay with the captured request split): token -> request comes from the
@@ -37,6 +39,7 @@ from harness.model.comm_buffers import (
     DispatchHandle,
     DispatchOverflow,
 )
+from harness.model.constants import ShapeConstants
 from harness.model.state import StateCache
 from harness.model.step_buffers import Microbatch
 from harness.model.weights import DTYPE, MoEWeights, expert_mlp
@@ -90,6 +93,7 @@ class MiniMoE:
         self.run_tag = torch.zeros((), dtype=DTYPE, device=self.device)
         self.tag_value = 0  # the same, known on the host
         self.tag_baked_in = config.mutation.replay_tag is ReplayTag.CAPTURED
+        self.constants = ShapeConstants(self.device)
 
     def set_run_tag(self, tag: int) -> None:
         self.tag_value = tag
@@ -124,12 +128,15 @@ class MiniMoE:
             bufs = self._last.get((ubatch_id, num_tokens))
         bufs = bufs or self.reserve(ubatch_id, num_tokens)
         recv = bufs.dispatch_recv.view(bufs.peers, bufs.capacity + 1, self.width).cpu()
-        routes = []
-        for block in recv:
-            count = int(block[0, 0].item())
-            for row in block[1:1 + count, self.hidden_size:].to(torch.int64).tolist():
-                routes.append((row[SRC_COL], row[TOK_COL], row[EXPERT_COL]))
-        return routes
+        # One host conversion of the rows the counts reach (every row when a count is out of
+        # range: its slice below then reads them by Python's rules, as a tensor's would).
+        counts = [int(count) for count in recv[:, 0, 0].tolist()]
+        reach = (1 + max(counts) if all(0 <= c <= bufs.capacity for c in counts)
+                 else recv.shape[1])
+        blocks = recv[:, :reach, self.hidden_size:].to(torch.int64).tolist()
+        return [(row[SRC_COL], row[TOK_COL], row[EXPERT_COL])
+                for block, count in zip(blocks, counts, strict=True)
+                for row in block[1:1 + count]]
 
     def received_tags(self, ubatch_id: int, num_tokens: int) -> list[tuple[int, int, int]]:
         """(microbatch, source rank, readiness tag) of every block the last dispatch of that
@@ -163,12 +170,12 @@ class MiniMoE:
         w = self.weights
         num_tokens, num_reqs = mb.input_ids.shape[0], mb.slot_ids.shape[0]
         qsl = mb.query_start_loc
-        tok = torch.arange(num_tokens, device=mb.input_ids.device)
+        tok = self.constants.arange(num_tokens)
         req = torch.searchsorted(qsl[1:], tok, right=True)
         req_c = req.clamp(max=num_reqs - 1)
         start = qsl[req_c]
-        real = (req < num_reqs) & (tok >= start) & ~mb.is_padding
-        slot = torch.where(real, mb.slot_ids[req_c], cache.scratch_slot)
+        real = ((req < num_reqs) & (tok >= start)).masked_fill_(mb.is_padding, False)
+        slot = torch.where(real, mb.slot_ids[req_c], self.constants.scalar(cache.scratch_slot))
         emb = w.embedding[mb.input_ids]
         contrib = emb * real.unsqueeze(1)
         before = contrib.cumsum(0) - contrib
@@ -189,7 +196,7 @@ class MiniMoE:
         logits = hidden @ self.weights.router
         values, ids = logits.topk(self.top_k, dim=-1)
         weights = torch.softmax(values, dim=-1) * real.unsqueeze(1)
-        return weights, torch.where(real.unsqueeze(1), ids, -1)
+        return weights, torch.where(real.unsqueeze(1), ids, self.constants.scalar(-1))
 
     def _prepare(self, hidden: torch.Tensor, topk_ids: torch.Tensor, tok_start: int,
                  overlap: MicrobatchOverlap, real_tokens: int | None = None
@@ -203,21 +210,21 @@ class MiniMoE:
         bufs = self.reserve(overlap.current_ubatch_id(), num_tokens, real_tokens)
         ids = topk_ids.reshape(-1)
         routed = ids >= 0
-        dest = ids.clamp(min=0) // self.experts_per_rank
-        # A comparison, not F.one_hot: one_hot range-checks its input on the host.
-        peers = torch.arange(self.peers, device=ids.device)
-        # Boolean: cumsum and sum count in int64 without a cast.
-        onehot = (dest.unsqueeze(1) == peers) & routed.unsqueeze(1)
+        # An unrouted pair (expert -1) floors to peer -1: no peer's column, and gather reads
+        # peer 0 for it (its row goes to the dump row below).
+        peer_of = ids // self.experts_per_rank
+        dest = peer_of.clamp(min=0)
+        # A comparison, not F.one_hot (which range-checks on the host); boolean, so cumsum
+        # and sum count in int64 without a cast.
+        onehot = peer_of.unsqueeze(1) == self.constants.arange(self.peers)
         # Each pair's row in its peer's block: 1 (past the count row) + its rank among the
         # pairs to that peer, which the inclusive cumsum gives directly.
         pos1 = onehot.cumsum(0).gather(1, dest.unsqueeze(1)).squeeze(1)
-        flat = torch.where(routed, dest * (bufs.capacity + 1) + pos1, bufs.rows)
-        token_index = torch.arange(tok_start, tok_start + num_tokens, dtype=DTYPE,
-                                   device=ids.device).repeat_interleave(k)
+        flat = torch.where(routed, pos1.add(dest, alpha=bufs.capacity + 1),
+                           self.constants.scalar(bufs.rows))
         payload = torch.cat([hidden.repeat_interleave(k, 0),
-                             torch.full((num_tokens * k, 1), float(self.rank), dtype=DTYPE,
-                                        device=hidden.device),
-                             token_index.unsqueeze(1),
+                             self.constants.column(num_tokens * k, float(self.rank)),
+                             self.constants.token_index(tok_start, num_tokens, k),
                              ids.to(DTYPE).unsqueeze(1)], dim=1)
         send = bufs.dispatch_send
         send.zero_()
@@ -250,14 +257,16 @@ class MiniMoE:
         addressed to another rank's expert contribute nothing."""
         recv = bufs.dispatch_recv.view(bufs.peers, bufs.capacity + 1, self.width)
         counts = recv[:, 0, 0]
-        slots = torch.arange(bufs.capacity, dtype=DTYPE, device=counts.device)
+        slots = self.constants.arange(bufs.capacity, DTYPE)
         present = slots.unsqueeze(0) < counts.unsqueeze(1)
-        expert = recv[:, 1:, self.hidden_size + EXPERT_COL]
+        # Rows past a block's count take expert -1, which no expert matches.
+        expert = torch.where(present, recv[:, 1:, self.hidden_size + EXPERT_COL],
+                             self.constants.scalar(-1, DTYPE))
         x = expert_in.reshape(-1, self.hidden_size)
         first = self.rank * self.experts_per_rank
         out = None
         for e in range(first, first + self.experts_per_rank):
-            mask = (present & (expert == e)).reshape(-1, 1)
+            mask = (expert == e).reshape(-1, 1)
             term = mask * expert_mlp(x, self.weights.w1[e], self.weights.w2[e])
             out = term if out is None else out.add_(term)
         return out.view(bufs.peers, bufs.capacity, self.hidden_size)

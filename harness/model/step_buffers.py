@@ -7,6 +7,7 @@ query_start_loc/seq_lens buffers (docs/spec.md §4.4, §5.4).
 
 from __future__ import annotations
 
+import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -16,6 +17,12 @@ from harness.bug_switches import Continuation
 from harness.model.state import RequestSpec
 from harness.model.ubatch_slice import UbatchSlice
 from harness.model.weights import DTYPE
+
+
+def int64_tensor(values: list[int]) -> torch.Tensor:
+    """A host int64 tensor of `values`, through an array: 4x faster than torch.tensor on a
+    list (measured on a step's ~450 ints), which converts item by item."""
+    return torch.frombuffer(array.array("q", values), dtype=torch.int64)
 
 
 class StepBuffers:
@@ -55,28 +62,33 @@ class StepBuffers:
              pad_position: int = 0) -> int:
         """Write a batch into the buffers in place (host-built, copied to the buffers'
         device); returns its real token count."""
-        ids = [t for r in requests for t in r.token_ids]
+        ids: list[int] = []
+        positions: list[int] = []
+        starts, seq_lens, slots, computed = [0], [], [], []
+        for r in requests:  # one pass, no per-request property calls: a step's hot path
+            context, q = r.context_len, len(r.token_ids)
+            ids += r.token_ids
+            positions += range(context, context + q)
+            starts.append(starts[-1] + q)
+            seq_lens.append(context + q)
+            slots.append(r.slot)
+            computed.append(context)
         n, m = len(ids), len(requests)
         if n > self.num_tokens or m > self.num_reqs:
             raise ValueError(f"batch of {n} tokens / {m} requests exceeds buffers of "
                              f"{self.num_tokens} / {self.num_reqs}")
-        pad = self.num_tokens - n
-        self.input_ids.copy_(torch.tensor(ids + [pad_token_id] * pad, dtype=torch.int64))
-        positions = [p for r in requests for p in r.positions()]
-        self.positions.copy_(torch.tensor(positions + [pad_position] * pad, dtype=torch.int64))
-        self.is_padding.copy_(torch.arange(self.num_tokens) >= n)
-        starts = [0]
-        for r in requests:
-            starts.append(starts[-1] + r.query_len)
-        starts += [n] * (self.num_reqs - m)
-        self.query_start_loc.copy_(torch.tensor(starts, dtype=torch.int64))
-        self.seq_lens.copy_(torch.tensor([r.seq_len for r in requests]
-                                         + [0] * (self.num_reqs - m), dtype=torch.int64))
-        self.slot_ids.copy_(torch.tensor([r.slot for r in requests]
-                                         + [self.scratch_slot] * (self.num_reqs - m),
-                                         dtype=torch.int64))
-        self.computed.copy_(torch.tensor([r.context_len for r in requests]
-                                         + [0] * (self.num_reqs - m), dtype=torch.int64))
+        pad, idle = self.num_tokens - n, self.num_reqs - m
+        # Every field in one host tensor, then one copy per buffer (the padding flags as 0/1,
+        # which copy_ turns into bools).
+        host = int64_tensor(ids + [pad_token_id] * pad + positions + [pad_position] * pad
+                            + [0] * n + [1] * pad + starts + [n] * idle + seq_lens + [0] * idle
+                            + slots + [self.scratch_slot] * idle + computed + [0] * idle)
+        t, r = self.num_tokens, self.num_reqs
+        parts = host.split([t, t, t, r + 1, r, r, r])
+        for buffer, part in zip((self.input_ids, self.positions, self.is_padding,
+                                 self.query_start_loc, self.seq_lens, self.slot_ids,
+                                 self.computed), parts, strict=True):
+            buffer.copy_(part)
         self.real_tokens = n
         return n
 

@@ -2,12 +2,12 @@
 
 Per op, everything that does not change between replays is settled at compile time: the
 argument views on the recorded storage, whether the result is fresh (computed straight into
-where it went at capture through the op's out= overload, else copied there) or aliases an
-argument (written in place, nothing to copy), and which ops do no work at all. An op that
-only views its argument (view, slice, unsqueeze, ...) is left out: every later op rebuilds
-its tensors from the recorded storage, size, stride and offset, so such a view's result is
-never read. Replay still reads the captured buffers' current contents: nothing that holds
-data is snapshotted.
+where it went at capture through the op's out= overload, or by copy_ for a dtype or device
+conversion, else copied there) or aliases an argument (written in place, nothing to copy), and
+which ops do no work at all. An op that only views its argument (view, slice, unsqueeze, ...)
+is left out: every later op rebuilds its tensors from the recorded storage, size, stride and
+offset, so such a view's result is never read. Replay still reads the captured buffers'
+current contents: nothing that holds data is snapshotted.
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ from harness.runtime.op_record import (
     RecordedOp,
     TensorSlot,
 )
+
+_TO_COPY = torch.ops.aten._to_copy.default
+_COPY = torch.ops.aten.copy_.default
 
 # (callable, args, kwargs, copy target): None (nothing to copy), a tensor (the single fresh
 # result goes there) or a tuple of tensors or None (one per result).
@@ -98,6 +101,11 @@ def compile_op(recorded: RecordedOp, collective_timeout_s: float | None) -> Step
     # capture, an in-place result is left where it is and a fresh one is copied back.
     targets = tuple(None if _aliases(slot, storages) else slot.view()
                     for slot in recorded.result_leaves)
+    if count == 1 and targets[0] is not None and op is _TO_COPY:
+        # A dtype or device conversion: converted straight into where its result went at
+        # capture (_to_copy is an empty tensor plus copy_), no temporary and no second copy.
+        return (_entry(_COPY), (targets[0], args[0]),
+                {"non_blocking": kwargs.get("non_blocking", False)}, None)
     if count == 1 and targets[0] is not None and (out := out_variant(op)) is not None:
         # A fresh result computed straight into where it went at capture: no copy.
         variant, name = out

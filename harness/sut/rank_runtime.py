@@ -84,7 +84,8 @@ class RankRuntime:
             EagerAllToAll(group, collective_timeout_s, host_synced=emulated_graphs),
             self.log), device=self.device)
         self.cache = StateCache(config.serving.max_num_reqs, config.model.hidden_size, self.device)
-        self.cache.state.copy_(initial_state(config, rank))
+        self._initial_state = initial_state(config, rank)  # drawn once: every scenario's start
+        self.cache.state.copy_(self._initial_state)
         self.runner = MicrobatchRunner(config, self.streams, hang_timeout_s,
                                        warm_cublas=warm_cublas)
         self.table = systems.graph_table(config, rank)
@@ -97,7 +98,7 @@ class RankRuntime:
 
     def reset_state(self) -> None:
         """Back to the initial per-request state, for the next scenario on the same graphs."""
-        self.cache.state.copy_(initial_state(self.config, self.rank))
+        self.cache.state.copy_(self._initial_state)
 
     @property
     def has_pending_run(self) -> bool:

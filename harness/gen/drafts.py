@@ -1,0 +1,63 @@
+"""The draws of draft tokens (docs/spec.md §1.6): their config fields, each rank's layout of
+its tokens, and the step shape in which the synced query-length bound picks the graph.
+
+A slip in that bound shows only on a varlen decode graph beside a padded mixed step, with a
+decode rank next to a prefill (§7.17): a narrow corner, so the draws lean toward it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import strategies as st
+
+from harness.batch import dummy_query_lens
+from harness.config import HarnessConfig
+
+DRAFT_LAYOUTS = ("varlen", "uniform", "prefill")
+DECODE_LAYOUTS = ("varlen", "uniform")
+
+
+def draft_fields(draw, pick, drafting: bool = False) -> dict[str, Any]:
+    """Speculative decoding's fields: 1 + up to 3 draft tokens per decode request (at least
+    one when `drafting`, a config drawn for its drafts), and with drafts three configs in four
+    varlen decode graphs (adaptive verification), the graphs the query-length bound chooses
+    between; shrunk, the simplest config has none."""
+    q = pick("decode_query_len", st.integers(2 if drafting else 1, 4))
+    varlen = pick("varlen_decode", st.integers(0, 3).map(bool) if q > 1 else st.just(False))
+    return {"decode_query_len": q, "varlen_decode": varlen}
+
+
+def draft_layout(config: HarnessConfig, n: int, layout: str, draw) -> tuple[int, ...]:
+    """`n` tokens as requests of one layout; a layout the limits do not allow falls back to
+    the next (uniform to varlen to prefill), and a prefill needs more than q tokens."""
+    q, limit = config.serving.decode_query_len, config.serving.max_num_reqs
+    if n == 0:
+        return ()
+    if layout == "uniform" and q <= n and n // q <= limit:
+        return (q,) * (n // q)  # the rest of the count is dropped: a uniform step is whole
+    if layout in ("uniform", "varlen") and -(-n // q) <= limit:
+        reqs = draw(st.integers(-(-n // q), min(n, limit)))
+        return dummy_query_lens(reqs, n)  # tokens // reqs each, the rest one more: 1..q
+    if n > q:
+        reqs = draw(st.integers(1, min(n - q, limit)))
+        return (n - reqs + 1,) + (1,) * (reqs - 1)  # one prefill chunk longer than q
+    return (1,) * min(n, limit)
+
+
+@st.composite
+def decode_beside_prefill(draw, config: HarnessConfig) -> list[tuple[int, str]]:
+    """Per rank a token count and a layout: a prefill on some ranks, decodes of 1..q tokens
+    on the others, every rank within one capture size that a varlen decode graph can hold
+    (s <= max_num_reqs * q). There the synced bound is none and must keep the decode ranks
+    out of the varlen graph (§1.6). Empty where the config leaves no such step."""
+    q, dp = config.serving.decode_query_len, config.serving.dp_size
+    sizes = [s for s in config.cudagraph_capture_sizes
+             if q < s <= config.serving.max_num_reqs * q]
+    if dp < 2 or q < 2 or not sizes:
+        return []
+    top = draw(st.sampled_from(sizes))
+    prefills = draw(st.sets(st.integers(0, dp - 1), min_size=1, max_size=dp - 1))
+    return [(draw(st.integers(q + 1, top)), "prefill") if rank in prefills
+            else (draw(st.integers(1, top)), draw(st.sampled_from(DECODE_LAYOUTS)))
+            for rank in range(dp)]

@@ -1,0 +1,137 @@
+"""The detection table's rows: every planted bug, the stream-order slips under vLLM's
+execution among them, each on its own setting; where vllm does not import those rows say so,
+and `--variants` picks them like any other. No world and no clock: the fuzz is stood in for."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+import harness.bench.detection as detection
+import harness.vllm_sut.available as available
+from harness.bench.detection import (
+    VLLM_SLIPS,
+    DetectionRow,
+    detection_rows,
+    print_detection,
+    timed_variants,
+)
+from harness.fuzz.variants import EXEC_VARIANTS, VARIANTS
+
+
+class FakePool:
+    """Records how it was opened and what it ran; runs nothing."""
+
+    opened: list[dict] = []
+
+    def __init__(self, kind, backend, timeouts, nproc=None, device=None, preload_vllm=False):
+        self.ran: list = []
+        FakePool.opened.append({"kind": kind, "nproc": nproc, "preload_vllm": preload_vllm,
+                                "pool": self})
+
+    def run(self, scenario):
+        self.ran.append(scenario)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        return None
+
+
+@pytest.fixture
+def fake_search(monkeypatch):
+    """Stands in for the worlds and the fuzz: each search 'finds' at 2 s, example 3."""
+    FakePool.opened = []
+    searches = []
+
+    def fuzz(variant, run, **kwargs):
+        pool = run.__self__
+        searches.append({"variant": variant, "pool": pool, "warmed": len(pool.ran), **kwargs})
+        return SimpleNamespace(seconds_to_detection=2.0, examples_to_detection=3)
+
+    monkeypatch.setattr(detection, "WorldPool", FakePool)
+    monkeypatch.setattr(detection, "fuzz", fuzz)
+    return searches
+
+
+def _without_vllm(monkeypatch):
+    monkeypatch.setattr(available, "vllm_version", lambda: None)
+    monkeypatch.setattr(available, "unavailable_reason",
+                        lambda: "vllm does not import: ModuleNotFoundError: No module named "
+                        "'vllm'")
+
+
+def _with_vllm(monkeypatch):
+    monkeypatch.setattr(available, "vllm_version", lambda: "0.33.0")
+
+
+def test_the_planted_slips_under_vllms_execution_are_timed_and_its_own_hunts_are_not():
+    assert set(VLLM_SLIPS) == {"ht-missing-compute-wait", "ids-gather-early-wait"}
+    names = timed_variants()
+    assert set(VLLM_SLIPS) <= set(names)
+    assert not {"vllm-exec", "vllm-exec-hang", "vllm-exec-crash", "reference"} & set(names)
+    assert {n for n, v in VARIANTS.items() if not v.is_reference} <= set(names)
+
+
+@pytest.mark.parametrize("world", ["sim", "torchrun"])
+def test_every_planted_bug_gets_a_row_the_vllm_slips_on_their_own_setting(
+        monkeypatch, fake_search, world):
+    _with_vllm(monkeypatch)
+    rows = detection_rows(world, [7, 8], 5.0)
+    assert [row.variant for row in rows] == list(timed_variants())
+    assert all(row.seconds == (2.0, 2.0) and not row.skipped for row in rows)
+    slips = [s for s in fake_search if s["variant"].name in VLLM_SLIPS]
+    assert [s["variant"].name for s in slips] == [name for name in VLLM_SLIPS for _ in (7, 8)]
+    for search in slips:
+        setting = dict(search["variant"].setting)
+        assert setting == {"sut": "vllm", "execution": "vllm"}
+        assert search["hunt"] == ("stream_order",) and search["dp_sizes"] == (2,)
+        opened = next(o for o in FakePool.opened if o["pool"] is search["pool"])
+        assert opened["preload_vllm"]
+        # The world was warmed on the slip's setting, without the slip, before any search.
+        warm = opened["pool"].ran[0]
+        assert search["warmed"] >= 1 and warm.config.mutation.planted() == ()
+        assert warm.config.system.execution.value == "vllm"
+
+
+def test_without_vllm_each_slip_row_says_skipped_and_no_world_opens(monkeypatch, fake_search,
+                                                                      capsys):
+    _without_vllm(monkeypatch)
+    rows = detection_rows("sim", [1, 2, 3], 5.0, names=VLLM_SLIPS)
+    assert [row.variant for row in rows] == list(VLLM_SLIPS)
+    assert all(row.skipped.startswith("vllm not installed") for row in rows)
+    assert FakePool.opened == [] and fake_search == []
+    print_detection(rows)
+    lines = capsys.readouterr().out.splitlines()
+    for name in VLLM_SLIPS:
+        line = next(line for line in lines if name in line)
+        assert "skipped: vllm not installed" in line and "No module named 'vllm'" in line
+
+
+def test_a_skipped_row_has_no_median_or_worst_and_prints_no_goal(capsys):
+    row = DetectionRow("torchrun", "ids-gather-early-wait", (), (), skipped="vllm not installed")
+    assert row.found == 0 and row.median_s() is None and row.worst_s() is None
+    print_detection([row])
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line.split()[:2] == ["torchrun", "ids-gather-early-wait"] and "NO" not in line
+
+
+def test_the_variants_flag_picks_a_vllm_slip_alone_with_no_harness_world(monkeypatch,
+                                                                         fake_search):
+    _with_vllm(monkeypatch)
+    rows = detection_rows("torchrun", [1], 5.0, names=("ids-gather-early-wait",))
+    assert [row.variant for row in rows] == ["ids-gather-early-wait"]
+    assert [o["preload_vllm"] for o in FakePool.opened] == [True]
+    assert fake_search[0]["variant"] is EXEC_VARIANTS["ids-gather-early-wait"]
+
+
+def test_an_unknown_variant_is_one_line_naming_the_flag_and_exit_2(capsys):
+    from harness.bench.throughput import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--detection-only", "--variants", "ht-missing-compute-wait,no-such-bug"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--variants" in err and "'no-such-bug'" in err
