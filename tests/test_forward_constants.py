@@ -4,7 +4,7 @@ are built once and shared, and the step buffers are filled with what the request
 from __future__ import annotations
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from op_log import OpLog
 
 from harness.config import HarnessConfig
 from harness.model.constants import ShapeConstants
@@ -20,16 +20,6 @@ from harness.world.sim.threads import ThreadWorld
 TIMEOUT_S = 5.0
 # Ops that only build a tensor from shapes and constants: none per run once built.
 SHAPE_ONLY = ("aten.arange", "aten.full", "aten.scalar_tensor")
-
-
-class _OpLog(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func))
-        return func(*args, **(kwargs or {}))
 
 
 def test_shape_constants_are_built_once_per_key_with_the_values_their_ops_give():
@@ -56,7 +46,7 @@ def test_a_forward_of_shapes_seen_before_issues_no_op_that_only_builds_from_shap
         mb = prepare_microbatch(step, UbatchMetadata(3), step.whole(), 0)
         logs = []
         for _ in range(2):
-            with _OpLog() as log:  # thread-local: sees only this rank's ops
+            with OpLog() as log:  # thread-local: sees only this rank's ops
                 model.forward(mb, cache, NoOverlap(0))
             logs.append(log.ops)
         return logs[0], logs[1]

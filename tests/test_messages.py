@@ -116,7 +116,8 @@ def test_a_record_crosses_the_wire_exactly_non_finite_floats_included():
     ("StepReport", {"index": 0, "record": {"rank": 0}}, "StepReport.record.",
      "is missing"),
     ("SimStep", {"index": 0, "records": "none"}, "SimStep.records", "must be a list"),
-    ("Shutdown", {}, "message.kind", "'Shutdown' is no message of protocol version 1"),
+    ("Shutdown", {}, "message.kind",
+     f"'Shutdown' is no message of protocol version {m.PROTOCOL_VERSION}"),
     ("WorkerReady", [1], "WorkerReady", "must be an object"),
 ])
 def test_a_message_that_does_not_fit_is_refused_in_one_line_naming_the_field(
@@ -160,13 +161,14 @@ def test_a_message_that_does_not_fit_is_a_protocol_error_from_the_channel_not_a_
 def test_a_hello_of_another_version_is_refused_in_one_line_naming_both_versions(hello):
     driver, peer = channel_pair()
     # A later version may change the hello's other fields: the version is read first.
-    fields = {**wire_dict(hello)["fields"], "version": 2, "features": ["new"]}
+    later = m.PROTOCOL_VERSION + 1
+    fields = {**wire_dict(hello)["fields"], "version": later, "features": ["new"]}
     peer.connection.send_bytes(raw(type(hello).__name__, fields))
     with pytest.raises(m.VersionMismatch) as refused:
         expect_hello(driver, type(hello), timeout_s=5)
     line = str(refused.value)
     assert "\n" not in line and hello.peer in line
-    assert "speaks version 2" in line and f"speaks version {m.PROTOCOL_VERSION}" in line
+    assert f"speaks version {later}" in line and f"speaks version {m.PROTOCOL_VERSION}" in line
     with pytest.raises(ChannelClosed):  # refused: the driver hangs up on it
         peer.recv(timeout_s=5)
     peer.close()

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from op_log import OpLog
 
 from harness.config import HarnessConfig
 from harness.model.mini_moe import MiniMoE
@@ -225,16 +225,6 @@ def test_a_rank_that_skips_the_dispatch_makes_its_peer_fail_within_the_timeout()
     assert isinstance(info.value.errors[0], CollectiveTimeout)
 
 
-class _OpLog(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func))
-        return func(*args, **(kwargs or {}))
-
-
 def test_the_forward_has_no_host_sync_and_two_all_to_alls_per_microbatch():
     config, batches, states = config_for(2), make_batches(LENS_2), initial_states(2)
 
@@ -250,7 +240,7 @@ def test_the_forward_has_no_host_sync_and_two_all_to_alls_per_microbatch():
         for i, sl in enumerate(slices):
             model.reserve(i, sl.num_tokens)
         mbs = [prepare_microbatch(step, metas[i], sl, i) for i, sl in enumerate(slices)]
-        with _OpLog() as log:  # thread-local: sees only this rank's ops
+        with OpLog() as log:  # thread-local: sees only this rank's ops
             for mb in mbs:
                 model.forward(mb, cache, NoOverlap(mb.ubatch_id))
         return log.ops

@@ -22,7 +22,7 @@ from harness.history.codec import decode, encode
 from harness.history.records import StartupRecord, StepRecord
 from harness.timeouts import Timeouts
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: float rows packed (harness/history/packed_rows.py)
 
 
 class ProtocolError(ConfigError):
