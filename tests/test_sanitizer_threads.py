@@ -5,6 +5,9 @@ logging mode stands in for it, entered where the sanitizer would be enabled. vLL
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -63,3 +66,18 @@ def test_a_thread_already_under_the_mode_does_not_enter_it_twice(monkeypatch):
     with log, sanitizer.sanitized_thread():
         assert _get_current_dispatch_mode_stack() == [log]
 
+
+
+def test_looking_for_the_sanitizer_does_not_import_it_and_turn_on_cudas_trace_hooks():
+    # Importing torch.cuda._sanitizer activates the process-wide GPU trace hooks: asking
+    # whether it is on must leave it unimported when TORCH_CUDA_SANITIZER is not set.
+    code = ("import sys, torch\n"
+            "from harness.runtime import sanitizer\n"
+            "with sanitizer.sanitized_thread():\n"
+            "    sanitizer.announce_written(torch.zeros(1))\n"
+            "print('torch.cuda._sanitizer' in sys.modules)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_CUDA_SANITIZER"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=env, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "False"

@@ -15,6 +15,7 @@ tells it of the write (docs/spec.md, "Stream order").
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 
 import torch
@@ -23,10 +24,11 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 def _enabled_mode():
     """The sanitizer's dispatch mode, when it is on in this process; else None."""
-    try:
-        from torch.cuda import _sanitizer
-    except ImportError:  # a torch without it
-        return None
+    # Never imported here: importing the module turns on CUDA's trace hooks for the whole
+    # process (its mode's constructor does), which then wrap every event and sync in Python
+    # and turned a cuBLAS failure in a capture into a SystemError. TORCH_CUDA_SANITIZER=1
+    # makes torch import it.
+    _sanitizer = sys.modules.get("torch.cuda._sanitizer")
     sanitizer = getattr(_sanitizer, "cuda_sanitizer", None)
     return sanitizer.dispatch if sanitizer is not None and sanitizer.enabled else None
 
