@@ -66,9 +66,9 @@ class Variant:
 
 
 CONTAINED_FAULTS = (FaultKind.RAISE_IN_UBATCH, FaultKind.RETURN_WITHOUT_YIELDING)
-# Staging lives where twins are replayed: modes that capture FULL graphs.
-STAGING_DRAWN = (("cudagraph_mode", st.sampled_from(("FULL", "FULL_DECODE_ONLY",
-                                                     "FULL_AND_PIECEWISE"))),)
+# The guard and staging live where twins are replayed: modes that capture FULL graphs.
+TWIN_MODES_DRAWN = (("cudagraph_mode", st.sampled_from(("FULL", "FULL_DECODE_ONLY",
+                                                        "FULL_AND_PIECEWISE"))),)
 
 VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("reference", "the fixed guard, reachable twins, abortable protocol, capture on the "
@@ -79,11 +79,11 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("guard-merged", "PR #51700 as merged (and vllm 0.33.0): eager only when "
             "2 * min < G, so a rank at exactly G / 2 replays an empty microbatch",
             mutation=Mutation(guard="merged"),
-            caught_by=("no_empty_region", "captured_split")),
+            caught_by=("no_empty_region", "captured_split"), drawn=TWIN_MODES_DRAWN),
     Variant("guard-strict-k2", "the guard `2 * min <= G` with its literal 2: wrong for k > 2",
             mutation=Mutation(guard="strict-k2"),
             caught_by=("no_empty_region", "captured_split"),
-            ubatch_counts=(3, 4)),
+            ubatch_counts=(3, 4), drawn=TWIN_MODES_DRAWN),
     # Real-token staging (docs/spec.md §3.4): the policy itself, a reference, and two slips.
     Variant("staged-reference", "guard staged: a split step the fixed guard sends to eager "
             "keeps its twin, every rank's real tokens spread over every region and restored "
@@ -94,12 +94,12 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
             "extra token to the last regions instead of the first: a staged rank's output "
             "rows come back permuted, padding rows among them",
             mutation=Mutation(guard="staged", staging_restore="remainder-last"),
-            caught_by=("matches_reference",), drawn=STAGING_DRAWN),
+            caught_by=("matches_reference",), drawn=TWIN_MODES_DRAWN),
     Variant("staging-rank-local", "guard staged, but a rank stages when its own last region "
             "would be empty: it replays the twin while a peer whose tokens reach that region "
             "keeps the fixed guard and runs the step eagerly",
             mutation=Mutation(guard="staged", staging_vote="rank-local"),
-            caught_by=("agreement", "routing_provenance", "errors"), drawn=STAGING_DRAWN),
+            caught_by=("agreement", "routing_provenance", "errors"), drawn=TWIN_MODES_DRAWN),
     Variant("unreachable-twins", "a microbatched twin generated for every FULL size, including "
             "sizes no legal batch can reach (captured and held for nothing)",
             mutation=Mutation(twins="all"),

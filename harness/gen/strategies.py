@@ -240,13 +240,16 @@ def skewed_token_counts(draw, config: HarnessConfig,
 @st.composite
 def straddling_token_counts(draw, config: HarnessConfig) -> list[int]:
     """Every rank but one pads to the same capture size G; the light rank sits on a region
-    start (G // k) * i of G or next to it, where the guard decides between graph and eager.
-    Region starts the microbatching threshold lets through are preferred."""
+    start (G // k) * i of G or next to it. Region starts the microbatching threshold lets
+    through are preferred, and half the time the last one, where the guard decides between
+    graph and eager (the earlier ones matter to slicing, G / 2 to a literal-2 guard)."""
     sizes = config.cudagraph_capture_sizes
     k = max(config.num_ubatches, 2)
     starts = [(g, (g // k) * i) for g in sizes for i in range(1, k)]
-    open_starts = [(g, n) for g, n in starts if n >= config.serving.decode_threshold]
-    graph, start = draw(st.sampled_from(open_starts or starts))
+    open_starts = [(g, n) for g, n in starts if n >= config.serving.decode_threshold] or starts
+    last = [(g, n) for g, n in open_starts if n == last_region_start(g, k)]
+    pool = draw(st.sampled_from((open_starts, last))) if last else open_starts
+    graph, start = draw(st.sampled_from(pool))
     below = max((s for s in sizes if s < graph), default=0)
     light = max(0, start + draw(st.sampled_from((0, -1, 1))))
     light_rank = draw(st.integers(0, config.serving.dp_size - 1))
