@@ -277,7 +277,7 @@ def skewed_batches(draw, config: HarnessConfig) -> list[RankBatch]:
 
 
 # About one step in this many of a draft config is a decode rank beside a prefill (§1.6).
-BOUND_EVERY = 3
+BOUND_EVERY = 2
 
 
 @st.composite
