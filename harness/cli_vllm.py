@@ -11,7 +11,7 @@ import argparse
 from dataclasses import replace
 from typing import Any
 
-from harness.config import HarnessConfig
+from harness.config import HarnessConfig, Release
 from harness.errors import ConfigError
 from harness.scenario import Scenario
 from harness.vllm_code.source import VllmPatch, read_patch
@@ -61,12 +61,21 @@ def vllm_fields(args: argparse.Namespace, sut: str | None = None,
     for group in ([(p,) for p in patches] if each_alone else [patches]):
         check_vllm_code(args.vllm_src, group)
     fields = {"vllm_src": args.vllm_src, "vllm_patches": patches,
-              "differential_against_base": differential}
+              "differential_against_base": differential,
+              "release": release_of(args.vllm_src, patches).value}
     if sut == "vllm":
         fields["sut"] = "vllm"
     if executes:
         fields["execution"] = "vllm"
     return fields
+
+
+def release_of(vllm_src: str | None, patches: tuple[VllmPatch, ...]) -> Release:
+    """The release whose API the vLLM code has: the miniature and the spec model that one,
+    so that the reference a vLLM decision is held to is its own release's."""
+    from harness.vllm_sut.code import CodeKey, code_for
+
+    return code_for(CodeKey(vllm_src, patches)).api
 
 
 def check_vllm_code(vllm_src: str | None, patches: tuple[VllmPatch, ...]) -> None:
@@ -149,7 +158,13 @@ def scenario_with_vllm_code(scenario: Scenario, args: argparse.Namespace) -> tup
     if src != config.system.vllm_src and config.system.vllm_src is not None:
         note = f"note: the scenario recorded --vllm-src {config.system.vllm_src}; running {src}"
     check_vllm_code(src, patches)
-    new = config.with_changes(vllm_src=src, vllm_patches=patches,
+    release = release_of(src, patches)
+    if release is not config.serving.release:
+        note = "; ".join(n for n in (note, f"note: the scenario modelled vLLM "
+                                     f"{config.serving.release.value}; the vLLM under test "
+                                     f"has {release.value}'s API, so it runs as {release.value}")
+                         if n)
+    new = config.with_changes(vllm_src=src, vllm_patches=patches, release=release.value,
                               differential_against_base=differential
                               or config.system.differential_against_base)
     return replace(scenario, config=new), note

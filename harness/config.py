@@ -26,6 +26,7 @@ from harness.config_parts import (
     Execution,
     Model,
     Mutation,
+    Release,
     Serving,
     System,
     UbatchProtocol,
@@ -38,7 +39,7 @@ from harness.vllm_code.source import check_vllm_code_fields
 
 # Names other modules import from here: the parts' types and enums among them.
 __all__ = ["All2AllBackend", "CaptureOn", "CudaGraphMode", "DecisionSystem", "Execution",
-           "FLAT_FIELDS", "Guard", "HarnessConfig", "Model", "Mutation", "Serving",
+           "FLAT_FIELDS", "Guard", "HarnessConfig", "Model", "Mutation", "Release", "Serving",
            "SwitchToCompute", "System", "Twins", "UbatchProtocol", "config_kwargs",
            "default_capture_sizes", "load_config_file", "ubatching_fields"]
 
@@ -113,7 +114,7 @@ class HarnessConfig:
         if s.capture_sizes is not None:
             return tuple(sorted(set(s.capture_sizes)))
         return default_capture_sizes(s.max_num_reqs, s.max_num_batched_tokens,
-                                     s.decode_query_len)
+                                     s.decode_query_len, s.release.request_keyed_decode)
 
     @property
     def max_capture_size(self) -> int:

@@ -81,6 +81,18 @@ class All2AllBackend(enum.Enum):
     HIGH_THROUGHPUT = "deepep_high_throughput"  # yield first, then a blocking all-to-all
 
 
+class Release(enum.Enum):
+    """Which vLLM release's DBO the miniature models (docs/spec.md §2.3): the newest is the
+    default; under vLLM's own code it is the release that code's API is (harness/vllm_code)."""
+
+    V0_33 = "0.33"  # one token-keyed table for every batch
+    V0_34 = "0.34"  # decode graphs keyed by request count, looked up first
+
+    @property
+    def request_keyed_decode(self) -> bool:
+        return self is Release.V0_34
+
+
 class DecisionSystem(enum.Enum):
     """Whose decision code the ranks run: candidates, dispatch, thresholds and the DP sync."""
 
@@ -121,7 +133,7 @@ PARSERS: dict[str, Callable[[Any, str], Any]] = {
     "continuation": _enum(Continuation), "lookback_refresh": _enum(LookbackRefresh),
     "idle_step": _enum(IdleStep), "dummy_execution": _enum(DummyExecution),
     "draft_sync_state": _enum(DraftSyncState), "replay_tag": _enum(ReplayTag),
-    "ids_gather_wait": _enum(IdsGatherWait),
+    "ids_gather_wait": _enum(IdsGatherWait), "release": _enum(Release),
 }
 
 
@@ -162,6 +174,7 @@ class Serving:
     decode_query_len: int = 1
     varlen_decode: bool = False
     all2all_backend: All2AllBackend = All2AllBackend.LOW_LATENCY
+    release: Release = Release.V0_34
     # The GPU suite's world of one rank (one GPU): microbatching with dp_size 1, whose
     # all-to-all is a size-one NCCL op. Allowed nowhere else.
     single_rank_gpu_world: bool = False

@@ -40,8 +40,10 @@ def parse_enum(enum_cls: type[enum.Enum], value: Any, field_name: str) -> enum.E
 
 
 def default_capture_sizes(max_num_reqs: int, max_num_batched_tokens: int,
-                          decode_query_len: int = 1) -> tuple[int, ...]:
-    """vLLM's default capture-size ladder (docs/spec.md §0.3)."""
+                          decode_query_len: int = 1,
+                          decode_sizes_appended: bool = False) -> tuple[int, ...]:
+    """vLLM's default capture-size ladder (docs/spec.md §0.3); `decode_sizes_appended`:
+    0.34's, which with drafts adds every uniform decode size of its request-count grid."""
     largest = min(max_num_reqs * decode_query_len * 2, 512, max_num_batched_tokens)
     sizes = {s for s in (1, 2, 4) if s <= largest}
     if largest >= 8:
@@ -50,7 +52,34 @@ def default_capture_sizes(max_num_reqs: int, max_num_batched_tokens: int,
         sizes.update(range(256, largest + 1, 16))
     if max_num_batched_tokens <= largest:
         sizes.add(max_num_batched_tokens)
+    if decode_sizes_appended and decode_query_len > 1:
+        ceiling = min(max_num_reqs * decode_query_len * 2, 512)
+        sizes.update(n * decode_query_len for n in decode_request_counts(max_num_reqs)
+                     if n * decode_query_len <= min(ceiling, max_num_batched_tokens))
     return tuple(sorted(sizes))
+
+
+def decode_request_counts(max_num_reqs: int) -> list[int]:
+    """0.34's request-count grid for draft decodes: 1, 2, 4, every 8 below 256, every 16 from
+    256, and the largest count itself, all at most min(max_num_reqs, 512)."""
+    top = min(max_num_reqs, 512)
+    counts = {n for n in (1, 2, 4) if n <= top}
+    counts.update(range(8, min(top + 1, 256), 8))
+    counts.update(range(256, top + 1, 16))
+    counts.add(top)
+    return sorted(counts)
+
+
+def varlen_decode_token_sizes(max_tokens: int) -> list[int]:
+    """0.34's token grid of adaptive verification's decode graphs, up to `max_tokens`: 1, 2,
+    4, 8, four sizes per doubling up to 1024, every 128 up to 4096, every 256 beyond."""
+    grid = {1, 2, 4, 8}
+    low = 8
+    while low < 1024:
+        grid.update(range(low + low // 4, 2 * low + 1, low // 4))
+        low *= 2
+    grid.update(range(1024, 4096, 128), range(4096, max_tokens, 256))
+    return sorted({s for s in grid if s < max_tokens} | {max_tokens}) if max_tokens > 0 else []
 
 
 def check_spec_decoding(decode_query_len: Any, varlen_decode: Any, use_ubatching: bool) -> None:

@@ -12,6 +12,16 @@ class ConfigError(ValueError):
         self.message = message
 
 
+class HarnessCannot(RuntimeError):
+    """The harness itself cannot do what was asked (an installed vLLM whose API it does not
+    know, a lane this machine cannot run): one line naming what, and its own exit code."""
+
+    def __init__(self, what: str, message: str) -> None:
+        super().__init__(f"{what}: {message}")
+        self.what = what
+        self.message = message
+
+
 class ErrorOrigin(enum.Enum):
     """Where a rank's failure came from, carried as data so no code reads message text."""
 
@@ -24,3 +34,4 @@ class ErrorOrigin(enum.Enum):
     HANG = "hang"  # a microbatch or a rank never got its turn back within its deadline
     ABORTED = "aborted"  # a microbatch stopped because its sibling failed
     RAISED = "raised"  # the system under test raised an error of its own
+

@@ -178,8 +178,8 @@ def test_full_mode_without_microbatching_has_no_twins():
     assert table.twins == ()
 
 
-def test_full_and_piecewise_takes_its_twins_from_the_decode_branch():
-    table = GraphTable.build(ladder_config(CudaGraphMode.FULL_AND_PIECEWISE))
+def test_full_and_piecewise_takes_its_twins_from_the_decode_branch_in_0_33_size_order():
+    table = GraphTable.build(ladder_config(CudaGraphMode.FULL_AND_PIECEWISE, release="0.33"))
     # The 32-token decode graph would need 32 requests (> 16), so only PIECEWISE covers 32.
     assert table.descriptors == (
         D(F, 8, 8, uniform_token_count=1),
@@ -190,6 +190,32 @@ def test_full_and_piecewise_takes_its_twins_from_the_decode_branch():
         D(P, 32),
     )
     assert all(d.num_reqs is None for d in table.descriptors if d.cg_mode is P)
+
+
+def test_0_34_generates_the_decode_graphs_by_request_count_before_the_token_keyed_ones():
+    table = GraphTable.build(ladder_config(CudaGraphMode.FULL_AND_PIECEWISE, release="0.34"))
+    assert table.descriptors == (
+        D(F, 8, 8, uniform_token_count=1),
+        D(F, 16, 16, uniform_token_count=1),
+        D(F, 16, 16, uniform_token_count=1, num_ubatches=2),
+        D(P, 8),
+        D(P, 16),
+        D(P, 32),
+    )
+
+
+def test_0_34_captures_a_decode_graph_at_the_request_limit_that_0_33_leaves_out():
+    # Sizes 4 and 32 with 12 requests at most: 32 decode tokens would need 32 requests, so
+    # 0.33 captures no decode graph above 4; 0.34 captures the first count past the limit
+    # at the limit, 12 requests, and a 10-token decode replays it instead of PIECEWISE 32.
+    def table(release: str) -> GraphTable:
+        return GraphTable.build(ladder_config(CudaGraphMode.FULL_AND_PIECEWISE, release=release,
+                                              capture_sizes=(4, 32), max_num_reqs=12))
+
+    assert D(F, 12, 12, uniform_token_count=1) in table("0.34").descriptors
+    assert D(F, 12, 12, uniform_token_count=1) not in table("0.33").descriptors
+    assert table("0.34").dispatch(10, 10, 1) == D(F, 12, 12, uniform_token_count=1)
+    assert table("0.33").dispatch(10, 10, 1) == D(P, 32)
 
 
 def test_full_decode_only_has_decode_graphs_and_their_twins_only():

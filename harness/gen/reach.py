@@ -39,7 +39,7 @@ def twin_at_split(config: HarnessConfig, batches: Sequence[RankBatch]) -> int | 
     synced = ucts[0] if ucts[0] and all(u == ucts[0] for u in ucts) else None  # §1.2
     top = max(b.num_tokens for b in batches) or q
     for rank, batch in enumerate(batches):
-        desc = dispatch(graph_table(reference, rank), batch.num_reqs or 1, top, synced,
+        desc = dispatch(reference, graph_table(reference, rank), batch.num_reqs or 1, top, synced,
                         num_ubatches=k)
         if desc.cg_mode is not CudaGraphMode.NONE:
             return desc.num_tokens

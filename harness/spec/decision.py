@@ -52,7 +52,21 @@ def capture_sizes(config: HarnessConfig) -> list[int]:
     budget = config.serving.max_num_batched_tokens
     if budget <= largest and budget not in sizes:
         sizes.append(budget)
+    if newest(config) and q > 1:
+        # §0.3 (0.34): with drafts, every uniform decode size of the request-count grid.
+        ceiling = min(2 * config.serving.max_num_reqs * q, 512, budget)
+        top = min(config.serving.max_num_reqs, 512)
+        counts = [n for n in (1, 2, 4) if n <= top] + list(range(8, min(top + 1, 256), 8))
+        counts += list(range(256, top + 1, 16)) + [top]
+        for n in counts:
+            if n * q <= ceiling and n * q not in sizes:
+                sizes.append(n * q)
     return sorted(sizes)
+
+
+def newest(config: HarnessConfig) -> bool:
+    """Whether the config models 0.34 (§2.3), not 0.33."""
+    return config.serving.release.value == "0.34"
 
 
 # -- §3 thresholds and the guard -------------------------------------------------------------
@@ -119,17 +133,26 @@ def fits(desc: GraphDescriptor, num_reqs: int, num_tokens: int, uct: int | None,
     return desc.num_ubatches == num_ubatches
 
 
-def dispatch(table: Sequence[GraphDescriptor], num_reqs: int, num_tokens: int,
-             uct: int | None, max_query_len: int | None = None,
+def looked_up_first(config: HarnessConfig, desc: GraphDescriptor) -> bool:
+    """§2.3 (0.34): a uniform decode graph of a separate decode routine is looked up by its
+    query length and request count before any graph keyed by tokens."""
+    decode_mode, _ = branch_modes(config.serving.cudagraph_mode)
+    return (newest(config) and decode_mode is not None and desc.cg_mode is decode_mode
+            and desc.uniform_token_count is not None)
+
+
+def dispatch(config: HarnessConfig, table: Sequence[GraphDescriptor], num_reqs: int,
+             num_tokens: int, uct: int | None, max_query_len: int | None = None,
              num_ubatches: int = 1) -> GraphDescriptor:
-    """§2.2 rule 6 with the order of rule 5: the best compatible graph, else NONE carrying
-    the request. Ties keep the table's generation order (the earlier one wins)."""
+    """§2.2 rule 6 with the order of rule 5 (0.34: request-keyed decode graphs first): the
+    best compatible graph, else NONE carrying the request. Ties keep the table's order."""
     best, best_key = None, None
     if num_tokens > 0:
         for desc in table:
             if not fits(desc, num_reqs, num_tokens, uct, max_query_len, num_ubatches):
                 continue
-            key = (0 if desc.cg_mode is FULL else 1, desc.num_tokens,
+            key = (0 if looked_up_first(config, desc) else 1,
+                   0 if desc.cg_mode is FULL else 1, desc.num_tokens,
                    desc.uniform_token_count is None, desc.max_query_len is None,
                    desc.num_reqs is None, desc.num_reqs or 0)
             if best_key is None or key < best_key:
@@ -166,6 +189,21 @@ def graph_table(config: HarnessConfig, rank: int) -> list[GraphDescriptor]:
     decode_threshold = config.serving.decode_threshold
     if rank == config.mutation.threshold_offset_rank:
         decode_threshold += config.mutation.threshold_offset
+    if newest(config):
+        table = table_by_requests(config, decode_threshold)
+    else:
+        table = table_by_tokens(config, decode_threshold)
+    if config.mutation.twins is Twins.ALL:
+        return table
+    kept = []
+    for desc in table:
+        if desc.num_ubatches == 1 or reached(config, table, desc):
+            kept.append(desc)
+    return kept
+
+
+def table_by_tokens(config: HarnessConfig, decode_threshold: int) -> list[GraphDescriptor]:
+    """§2.2 rules 1-2 as 0.33 generates them: per capture size, decode branch then mixed."""
     decode_mode, mixed_mode = branch_modes(config.serving.cudagraph_mode)
     q = config.serving.decode_query_len
     sizes = capture_sizes(config)
@@ -194,13 +232,54 @@ def graph_table(config: HarnessConfig, rank: int) -> list[GraphDescriptor]:
             twin = twin_of(config, base, decode_threshold)
             if twin is not None:
                 table.append(twin)
-    if config.mutation.twins is Twins.ALL:
-        return table
-    kept = []
-    for desc in table:
-        if desc.num_ubatches == 1 or reached(config, table, desc):
-            kept.append(desc)
-    return kept
+    return table
+
+
+def table_by_requests(config: HarnessConfig, decode_threshold: int) -> list[GraphDescriptor]:
+    """§2.3 as 0.34 generates it: decode graphs of n requests x q tokens with their twins (or
+    varlen decode graphs by tokens), then every capture size's mixed graph and its twin."""
+    decode_mode, mixed_mode = branch_modes(config.serving.cudagraph_mode)
+    q, cap = config.serving.decode_query_len, config.serving.max_num_reqs
+    sizes = capture_sizes(config)
+    largest = max(sizes, default=0)
+    counts = sorted({min((s + q - 1) // q, cap) for s in sizes if (s + q - 1) // q * q <= largest})
+    table: list[GraphDescriptor] = []
+    if decode_mode is not None and config.serving.varlen_decode:
+        for t in varlen_grid(min(max(counts, default=0) * q,
+                                 config.serving.max_num_batched_tokens)):
+            table.append(GraphDescriptor(decode_mode, t, min(t, cap), max_query_len=q))
+    elif decode_mode is not None:
+        limit = min(cap, largest // q)
+        requests = []
+        for n in counts if limit >= 1 else []:
+            if min(n, limit) not in requests:
+                requests.append(min(n, limit))
+            if n >= limit:
+                break
+        for n in requests:
+            base = GraphDescriptor(decode_mode, n * q, n, uniform_token_count=q)
+            table += [d for d in (base, twin_of(config, base, decode_threshold)) if d]
+    for s in sizes if mixed_mode is not None else []:
+        base = GraphDescriptor(mixed_mode, s, min(s, cap) if mixed_mode is FULL else None)
+        table += [d for d in (base, twin_of(config, base, decode_threshold)) if d]
+    return table
+
+
+def varlen_grid(top: int) -> list[int]:
+    """§2.3 (0.34): the token counts of adaptive verification's decode graphs up to `top`."""
+    if top <= 0:
+        return []
+    grid = [1, 2, 4, 8]
+    low = 8
+    while low < 1024:
+        step = low // 4
+        t = low + step
+        while t <= 2 * low:
+            grid.append(t)
+            t += step
+        low *= 2
+    grid += list(range(1024, 4096, 128)) + list(range(4096, top, 256))
+    return sorted({t for t in grid if t < top} | {top})
 
 
 def reached(config: HarnessConfig, table: Sequence[GraphDescriptor],
@@ -213,7 +292,7 @@ def reached(config: HarnessConfig, table: Sequence[GraphDescriptor],
     n -= n % q
     if n < max(config.serving.decode_threshold, 1):
         return False
-    if dispatch(table, n // q, n, q, num_ubatches=config.num_ubatches) != twin:
+    if dispatch(config, table, n // q, n, q, num_ubatches=config.num_ubatches) != twin:
         return False
     return not guard_says_eager(config, n, twin.num_tokens)
 
@@ -234,7 +313,7 @@ def spec_plans(config: HarnessConfig, batches: Sequence[RankBatch]) -> list[Step
     skip = all(b.allow_skip_drafts for b in deciding)
     for rank, batch in enumerate(deciding):
         tokens.append(batch.num_tokens)
-        votes.append(dispatch(tables[rank], batch.num_reqs, batch.num_tokens,
+        votes.append(dispatch(config, tables[rank], batch.num_reqs, batch.num_tokens,
                               batch.uniform_token_count, batch.max_query_len).cg_mode.value)
         ucts.append(batch.uniform_token_count or 0)
         max_query_lens.append(-1 if batch.max_query_len is None else batch.max_query_len)
@@ -267,7 +346,8 @@ def decide(config: HarnessConfig, table: Sequence[GraphDescriptor], batch: RankB
             config, min_tokens, uniform_decode, config.serving.decode_threshold):
         desc, staged = None, False
         if config.serving.cudagraph_mode is not NONE:  # 2a: a k-way dispatch of the largest rank
-            graph = dispatch(table, batch.num_reqs, max_tokens, synced_uct, num_ubatches=k)
+            graph = dispatch(config, table, batch.num_reqs, max_tokens, synced_uct,
+                             num_ubatches=k)
             # a k-way dispatch only ever answers a twin or NONE at max_tokens (§2.3 note)
             if graph.cg_mode is not NONE:
                 staged = staging_keeps(config, graph, min_tokens, batch.num_tokens)
@@ -286,7 +366,7 @@ def decide(config: HarnessConfig, table: Sequence[GraphDescriptor], batch: RankB
     synced_mql = None if -1 in max_query_lens else max(max_query_lens)
     if config.mutation.query_len_bound.value == "rank-local":  # §7.17: the rank's own bound
         synced_mql = batch.max_query_len
-    desc = dispatch(table, batch.num_reqs, max_tokens, synced_uct, synced_mql)
+    desc = dispatch(config, table, batch.num_reqs, max_tokens, synced_uct, synced_mql)
     state_reqs = desc.num_reqs if desc.cg_mode is FULL else max_reqs
     return desc, DpSyncState((desc.num_tokens,) * dp, synced_uct, eager=False,
                              num_reqs=state_reqs)

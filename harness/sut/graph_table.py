@@ -7,10 +7,12 @@ It is a pure function of the config (and, for the asymmetry fault, of the rank).
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, replace
 from functools import cached_property
 
 from harness.config import CudaGraphMode, HarnessConfig, Twins
+from harness.config_values import varlen_decode_token_sizes
 from harness.history.decision import GraphDescriptor
 from harness.sut.descriptor import is_compatible
 from harness.sut.thresholds import guard_sends_to_eager, ubatch_thresholds_met
@@ -39,7 +41,13 @@ def ubatch_twin(config: HarnessConfig, desc: GraphDescriptor,
 
 
 def _capture_candidates(config: HarnessConfig, rank: int) -> list[GraphDescriptor]:
-    """Descriptors in vLLM's generation order: per size, decode branch then mixed branch."""
+    if config.serving.release.request_keyed_decode:
+        return _candidates_by_requests(config, rank)
+    return _candidates_by_tokens(config, rank)
+
+
+def _candidates_by_tokens(config: HarnessConfig, rank: int) -> list[GraphDescriptor]:
+    """0.33's descriptors in vLLM's generation order: per size, decode branch then mixed."""
     mode = config.serving.cudagraph_mode
     if mode is CudaGraphMode.NONE:
         return []
@@ -70,12 +78,61 @@ def _capture_candidates(config: HarnessConfig, rank: int) -> list[GraphDescripto
                 add(desc, dedupe=True)
                 add(ubatch_twin(config, desc, threshold), dedupe=True)
         if mixed_mode is not CudaGraphMode.NONE:
-            reqs = (min(size, config.serving.max_num_reqs) if mixed_mode is CudaGraphMode.FULL
-                    else None)
-            desc = GraphDescriptor(mixed_mode, size, reqs)
-            add(desc, dedupe=False)
-            add(ubatch_twin(config, desc, threshold), dedupe=False)
+            add(_mixed(config, mixed_mode, size), dedupe=False)
+            add(ubatch_twin(config, _mixed(config, mixed_mode, size), threshold), dedupe=False)
     return out
+
+
+def _mixed(config: HarnessConfig, mixed_mode: CudaGraphMode, size: int) -> GraphDescriptor:
+    # PIECEWISE graphs pad no requests; FULL ones pad to as many requests as tokens.
+    reqs = min(size, config.serving.max_num_reqs) if mixed_mode is CudaGraphMode.FULL else None
+    return GraphDescriptor(mixed_mode, size, reqs)
+
+
+def decode_request_sizes(config: HarnessConfig) -> list[int]:
+    """0.34: the request counts the capture sizes round up to at the decode query length,
+    within the largest capture size (docs/spec.md §2.3)."""
+    q, top = config.serving.decode_query_len, config.max_capture_size
+    return sorted({min(-(-s // q), config.serving.max_num_reqs)
+                   for s in config.cudagraph_capture_sizes if -(-s // q) * q <= top})
+
+
+def decode_graph_requests(config: HarnessConfig) -> list[int]:
+    """0.34: n of each n-request x q-token decode graph; the first count above the limit is
+    captured at the limit (min(max_num_reqs, largest size // q)), the rest not at all."""
+    limit = min(config.serving.max_num_reqs,
+                config.max_capture_size // config.serving.decode_query_len)
+    if limit < 1:
+        return []
+    counts = decode_request_sizes(config)
+    return sorted({min(n, limit) for n in counts[:bisect.bisect_left(counts, limit) + 1]})
+
+
+def _candidates_by_requests(config: HarnessConfig, rank: int) -> list[GraphDescriptor]:
+    """0.34's descriptors: decode graphs by request count (each with its twin), or varlen
+    decode graphs by token count, then the token-keyed mixed graphs with their twins."""
+    mode = config.serving.cudagraph_mode
+    if mode is CudaGraphMode.NONE:
+        return []
+    decode_mode, mixed_mode = mode.decode_mode(), mode.mixed_mode()
+    q, max_reqs = config.serving.decode_query_len, config.serving.max_num_reqs
+    threshold = config.decode_threshold_for_rank(rank)
+    out: list[GraphDescriptor | None] = []
+    if mode.separate_routine() and decode_mode is not CudaGraphMode.NONE:
+        if config.serving.varlen_decode:
+            top = max(decode_request_sizes(config), default=0) * q
+            out += [GraphDescriptor(decode_mode, t, min(t, max_reqs), max_query_len=q)
+                    for t in varlen_decode_token_sizes(
+                        min(top, config.serving.max_num_batched_tokens))]
+        else:
+            for n in decode_graph_requests(config):
+                desc = GraphDescriptor(decode_mode, n * q, n, uniform_token_count=q)
+                out += [desc, ubatch_twin(config, desc, threshold)]
+    if mixed_mode is not CudaGraphMode.NONE:
+        for size in config.cudagraph_capture_sizes:
+            desc = _mixed(config, mixed_mode, size)
+            out += [desc, ubatch_twin(config, desc, threshold)]
+    return [d for d in out if d is not None]
 
 
 def _specificity(desc: GraphDescriptor) -> tuple:
@@ -111,17 +168,27 @@ class GraphTable:
             ordered.extend(sorted(of_mode, key=lambda d: -d.num_tokens))
         return tuple(ordered)
 
+    def is_request_keyed(self, desc: GraphDescriptor) -> bool:
+        """0.34: a uniform decode graph of a separate decode routine, looked up by the batch's
+        query length and request count before any token-keyed graph (docs/spec.md §2.3)."""
+        mode = self.config.serving.cudagraph_mode
+        return (self.config.serving.release.request_keyed_decode and mode.separate_routine()
+                and desc.cg_mode is mode.decode_mode() and desc.uniform_token_count is not None)
+
     @cached_property
     def _dispatch_order(self) -> tuple[GraphDescriptor, ...]:
-        ordered: list[GraphDescriptor] = []
+        ordered = sorted((d for d in self.descriptors if self.is_request_keyed(d)),
+                         key=lambda d: d.num_tokens)
         for mode in (CudaGraphMode.FULL, CudaGraphMode.PIECEWISE):
-            of_mode = [d for d in self.descriptors if d.cg_mode is mode]
+            of_mode = [d for d in self.descriptors
+                       if d.cg_mode is mode and not self.is_request_keyed(d)]
             ordered.extend(sorted(of_mode, key=lambda d: (d.num_tokens, _specificity(d))))
         return tuple(ordered)
 
     def dispatch(self, num_reqs: int, num_tokens: int, uniform_token_count: int | None,
                  max_query_len: int | None = None, num_ubatches: int = 1) -> GraphDescriptor:
-        """The first compatible graph: smallest FULL size, then PIECEWISE; else eager."""
+        """The first compatible graph: under 0.34 the smallest request-keyed decode graph of
+        the batch's query length; then the smallest FULL size, then PIECEWISE; else eager."""
         if num_tokens > 0:
             for desc in self._dispatch_order:
                 if desc.num_tokens >= num_tokens and is_compatible(

@@ -56,6 +56,7 @@ from harness.vllm_exec.stand_ins import CudaStandIns, stand_ins_for
 from harness.vllm_sut.candidates import to_harness
 from harness.vllm_sut.code import vllm_code
 from harness.vllm_sut.configs import vllm_configs
+from harness.vllm_sut.differences import graph_manager_args, prepare_args, vllm_sync_state
 
 Span = tuple[int, int, int, int]
 
@@ -137,7 +138,9 @@ class VllmExecRuntime:
                 if d.cg_mode is CudaGraphMode.FULL]
         mode = VllmMode.FULL if full else VllmMode.NONE
         manager = self.code.cudagraph_utils.ModelCudaGraphManager(
-            self.vllm_config, self.device, mode, self.config.serving.decode_query_len,
+            self.vllm_config, self.device, mode,
+            **graph_manager_args(self.code.api, self.vllm_config,
+                                 self.config.serving.decode_query_len),
             varlen_decode=self.config.serving.varlen_decode, ubatch_runner=self.runner)
         manager._capture_descs = {VllmMode.FULL: full} if full else {}
         return manager
@@ -261,8 +264,9 @@ class VllmExecRuntime:
         inputs = {"input_ids": batch.input_ids, "positions": batch.positions,
                   "inputs_embeds": None, "intermediate_tensors": None}
         if desc.num_ubatches > 1:
+            synced = vllm_sync_state(self.code.api, self.code.dp_utils, plan.state)
             state = self.runner.prepare(batch, *self._dummy_tables(num_reqs, num_tokens),
-                                        cg_mode=VllmMode.NONE)
+                                        **prepare_args(self.code.api, vdesc, synced))
             hidden = self.runner.run(self.model, inputs, state)
             split = tuple(_span(s) for s in state.slices)
             return _Ran("eager-microbatched", split, (), (), None, hidden[:real_tokens], ())
@@ -278,7 +282,7 @@ class VllmExecRuntime:
         if vdesc.num_ubatches > 1:
             state = self.runner.prepare(batch, *self._dummy_tables(vdesc.num_reqs,
                                                                    vdesc.num_tokens),
-                                        cg_mode=VllmMode.FULL)
+                                        **prepare_args(self.code.api, vdesc, None))
             replay_split = tuple(_span(s) for s in state.slices)
             captured = self.captured_splits.get(id(graph), ())
         else:

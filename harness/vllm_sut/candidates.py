@@ -19,6 +19,7 @@ from harness.config import CudaGraphMode, HarnessConfig
 from harness.history.decision import GraphDescriptor
 from harness.vllm_sut.code import vllm_code
 from harness.vllm_sut.configs import vllm_configs
+from harness.vllm_sut.differences import dispatch_candidates, graph_manager_args
 
 # Construction patches two module globals for its duration; one construction at a time.
 _BUILD_LOCK = threading.Lock()
@@ -44,7 +45,8 @@ def vllm_graph_manager(config: HarnessConfig):
     """The CudaGraphManager a rank builds for `config` (of the vLLM code it names), marked
     captured as vLLM's unit tests do."""
     configs = vllm_configs(config)
-    cudagraph_utils = vllm_code(config).cudagraph_utils
+    code = vllm_code(config)
+    cudagraph_utils = code.cudagraph_utils
     parallel = configs.parallel_config
     # vLLM builds a UBatchRunner only with microbatching on and DP > 1 (maybe_build_ubatch_runner).
     runner = (_UBatchRunnerStandIn()
@@ -58,7 +60,8 @@ def vllm_graph_manager(config: HarnessConfig):
         # No pipeline parallel world and no CUDA graph pool exist on a CPU machine.
         # varlen_decode: what model_runner.py passes when adaptive verification is on.
         manager = cudagraph_utils.CudaGraphManager(
-            configs, torch.device("cpu"), mode, decode_query_len=config.serving.decode_query_len,
+            configs, torch.device("cpu"), mode,
+            **graph_manager_args(code.api, configs, config.serving.decode_query_len),
             varlen_decode=config.serving.varlen_decode, ubatch_runner=runner)
     # Nothing is captured; dispatch only needs to believe capture has finished.
     manager._graphs_captured = True
@@ -74,9 +77,12 @@ def vllm_capture_order(config: HarnessConfig) -> tuple[GraphDescriptor, ...]:
     return tuple(ordered)
 
 
-def vllm_dispatch_candidates(config: HarnessConfig, num_tokens: int) -> tuple[GraphDescriptor, ...]:
+def vllm_dispatch_candidates(config: HarnessConfig, num_tokens: int,
+                             uniform_token_count: int | None = None,
+                             num_ubatches: int = 1) -> tuple[GraphDescriptor, ...]:
     """The descriptors vLLM tries, in order, for a batch of `num_tokens`."""
-    candidates = vllm_graph_manager(config)._candidates.get((num_tokens, 0), ())
+    candidates = dispatch_candidates(vllm_code(config).api, vllm_graph_manager(config),
+                                     num_tokens, uniform_token_count, num_ubatches)
     return tuple(to_harness(d) for d in candidates)
 
 

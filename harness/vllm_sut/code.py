@@ -23,7 +23,9 @@ from pathlib import Path
 from types import ModuleType
 
 from harness.config import HarnessConfig
+from harness.config_parts import Release
 from harness.errors import ConfigError
+from harness.vllm_code.api import detect_api
 from harness.vllm_code.identity import VllmIdentity, git_commit, tree_version
 from harness.vllm_code.source import VllmPatch, module_name, patched_files
 
@@ -62,6 +64,7 @@ class VllmCode:
     key: CodeKey
     modules: dict[str, ModuleType]
     identity: VllmIdentity
+    api: Release  # which of the known APIs the modules expose (harness/vllm_code/api.py)
 
     @property
     def ubatch_utils(self) -> ModuleType:
@@ -92,14 +95,6 @@ class VllmCode:
 
 def code_key(config: HarnessConfig) -> CodeKey:
     return CodeKey(config.system.vllm_src, config.system.vllm_patches)
-
-
-def base_key(config: HarnessConfig) -> CodeKey:
-    """What a patched (or checked-out) vLLM is held against: the same tree without the
-    patches; a checkout without patches against the vllm that imports."""
-    if config.system.vllm_patches:
-        return CodeKey(config.system.vllm_src, ())
-    return CodeKey()
 
 
 def vllm_code(config: HarnessConfig) -> VllmCode:
@@ -169,7 +164,7 @@ def _load(key: CodeKey) -> VllmCode:
     shared.update({name: module for name in EXECUTION_MODULES
                    if (module := _importable(name)) is not None})
     if key.is_installed:
-        return VllmCode(key, shared, _identity(key, installed_root()))
+        return _recognised(key, shared, _identity(key, installed_root()))
     root = check_source_tree(key.vllm_src) if key.vllm_src else installed_root()
     patched = {module_name(rel): (root / rel, text)
                for rel, text in patched_files(root, key.patches).items()}
@@ -180,7 +175,12 @@ def _load(key: CodeKey) -> VllmCode:
                for m in order}
     names = ", ".join(p.name for p in key.patches)
     modules = _execute_privately(order, sources, set(patched), f" [patched: {names}]")
-    return VllmCode(key, {m: modules[m] for m in ours}, _identity(key, root))
+    return _recognised(key, {m: modules[m] for m in ours}, _identity(key, root))
+
+
+def _recognised(key: CodeKey, modules: dict[str, ModuleType],
+                identity: VllmIdentity) -> VllmCode:
+    return VllmCode(key, modules, identity, detect_api(modules, identity.version))
 
 
 class _InMemorySource(importlib.abc.SourceLoader):

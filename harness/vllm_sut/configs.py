@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+import torch
 from pydantic import ValidationError
 from vllm.config import (
     CacheConfig,
@@ -42,11 +43,20 @@ _HARNESS_FIELD = {
 }
 
 
+# VllmConfig methods the capture-size ladder and the graph managers call on the config.
+_BORROWED = frozenset({
+    "get_decode_cudagraph_query_lens", "get_varlen_decode_cudagraph_token_sizes",
+    "get_draft_decode_cudagraph_request_sizes", "_split_cudagraph_capture_sizes",
+})
+
+
 @dataclass(frozen=True)
 class _NoModel:
-    """Stands in for ModelConfig: the capture-size ladder only asks whether eager is forced."""
+    """Stands in for ModelConfig: the capture-size ladder asks whether eager is forced, and
+    0.34's UBatchRunner reads the dtype (the miniature's) before a run."""
 
     enforce_eager: bool = False
+    dtype: torch.dtype = torch.float32
 
 
 @dataclass(frozen=True)
@@ -74,6 +84,14 @@ class VllmConfigSlice:
     def num_ubatches(self) -> int:
         # The same helper the DP sync and the twin generation use.
         return self.get_num_ubatches(self.parallel_config)
+
+    def __getattr__(self, name: str) -> Any:
+        # VllmConfig's own helpers that read only the parts above (0.34.0's capture-size
+        # split and its decode query lengths), bound to the slice; absent where vLLM lacks them.
+        helper = getattr(VllmConfig, name, None) if name in _BORROWED else None
+        if helper is None:
+            raise AttributeError(f"{type(self).__name__} has no {name}")
+        return helper.__get__(self)
 
 
 def _build(field: str, build: Any, **kwargs: Any) -> Any:

@@ -19,12 +19,12 @@ from vllm.distributed.utils import cpu_all_reduce_
 
 from harness.batch import RankBatch, deciding_batch
 from harness.config import HarnessConfig
-from harness.history.decision import DpSyncState
 from harness.runtime.comm import CollectiveLog, CollectiveTimeout
 from harness.sut.dp_sync import SyncDecision
 from harness.vllm_sut.candidates import to_harness, vllm_graph_manager
 from harness.vllm_sut.code import vllm_code
 from harness.vllm_sut.configs import vllm_configs
+from harness.vllm_sut.differences import sync_state_of
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,8 @@ class DpGroupStandIn:
     cpu_group: Any
     cpu_timeout: timedelta
     log: CollectiveLog | None = None
+    # 0.34's fault tolerance drops these columns before agreeing; no rank is dead here.
+    dead_dp_ranks: frozenset[int] = frozenset()
 
     def cpu_all_reduce_(self, tensor: torch.Tensor) -> torch.Tensor:
         # vLLM's own low-latency CPU all-reduce (gloo send/recv), bounded by the timeout.
@@ -126,9 +128,4 @@ def sync_with(stand_in, config: HarnessConfig, rank: int, batch: RankBatch) -> S
             uniform_decode=uct == config.serving.decode_query_len,
             allow_skip_drafts=batch.allow_skip_drafts,
         )
-    if state is None:
-        return SyncDecision(to_harness(desc), None)
-    harness_state = DpSyncState(tuple(int(n) for n in state.num_tokens_across_dp.tolist()),
-                                state.uniform_token_count, bool(state.eager), int(state.num_reqs),
-                                bool(state.skip_drafts))
-    return SyncDecision(to_harness(desc), harness_state)
+    return SyncDecision(to_harness(desc), None if state is None else sync_state_of(state))
