@@ -16,10 +16,14 @@ PYTHON := .venv/bin/python
 ENV_STAMP := .venv/.installed
 endif
 
+# The vLLM release the vLLM targets install and test: requirements/vllm-$(VLLM).txt pins it.
+VLLM ?= 0.34.0
+VLLM_REQUIREMENTS := requirements/vllm-$(VLLM).txt
+
 FUZZ_SECONDS ?= 60
 FUZZ_LOG ?= .harness/fuzz-log.jsonl
 
-.PHONY: env redis test test-dp test-vllm test-gpu vllm-gpu-bundle test-vllm-gpu fuzz fuzz-campaign report bench bench-gpu lint clean
+.PHONY: env redis test test-dp vllm-install test-vllm test-gpu vllm-gpu-bundle test-vllm-gpu fuzz fuzz-campaign report bench bench-gpu lint clean
 
 env: $(ENV_STAMP)
 
@@ -74,24 +78,32 @@ bench-gpu: $(ENV_STAMP)
 	site=$$($(PYTHON) tools/vllm_gpu_bundle.py install 2>/dev/null); \
 	PYTHONPATH=$$site:. $(PYTHON) -m harness.bench.gpu
 
-# vLLM 0.33.0's own decision functions as the system under test. vllm pins a CUDA torch, so
-# it goes in with --no-deps on top of the torch here, with its pure-Python requirements pinned
-# (about 1.5 GB more and 2-3 minutes the first time); without a registry its tests skip.
-test-vllm: $(ENV_STAMP)
-	$(PYTHON) -m pip install --quiet --no-deps -r requirements-vllm.txt \
-		|| echo "vllm could not be installed here: its tests will skip"
-	$(PYTHON) -m pytest -q -n $(PYTEST_WORKERS) tests/test_vllm_sut.py tests/test_vllm_fuzz.py \
-		tests/test_vllm_patch.py tests/test_vllm_patches.py tests/test_vllm_draft_tokens.py \
-		tests/test_vllm_exec.py tests/test_vllm_exec_checkers.py tests/test_vllm_exec_fuzz.py
+# vLLM's own decision and execution code as the system under test (VLLM=0.34.0 by default,
+# VLLM=0.33.0 the release before). vllm pins a CUDA torch, so it goes in with --no-deps on top
+# of the torch here, with its pure-Python requirements pinned (about 1.5 GB more and 2-3
+# minutes the first time). A release without a requirements file, or an install that fails,
+# stops the target: it never turns into a green run of skipped tests.
+VLLM_TESTS := tests/test_vllm_sut.py tests/test_vllm_fuzz.py tests/test_vllm_patch.py \
+	tests/test_vllm_patches.py tests/test_vllm_draft_tokens.py tests/test_vllm_exec.py \
+	tests/test_vllm_exec_checkers.py tests/test_vllm_exec_fuzz.py tests/test_vllm_api.py
+vllm-install: $(ENV_STAMP)
+	@test -f $(VLLM_REQUIREMENTS) || { echo "ERROR: VLLM=$(VLLM): no $(VLLM_REQUIREMENTS); \
+		known: $$(ls requirements | sed -n 's/^vllm-\(.*\)\.txt$$/\1/p' | tr '\n' ' ')"; exit 2; }
+	$(PYTHON) -m pip install --quiet --no-deps -r $(VLLM_REQUIREMENTS) \
+		|| { echo "ERROR: vllm $(VLLM) could not be installed here"; exit 3; }
+	@$(PYTHON) -c "import vllm, sys; v = vllm.__version__; \
+		sys.exit(0 if v == '$(VLLM)' else f'ERROR: vllm {v} imports, not $(VLLM)')"
+
+test-vllm: vllm-install
+	HARNESS_REQUIRE_VLLM=$(VLLM) $(PYTHON) -m pytest -q -rs -n $(PYTEST_WORKERS) $(VLLM_TESTS)
 
 # vLLM's execution code on CUDA ranks over NCCL, for the GPU machine, which has no package
 # registry. Here: `make vllm-gpu-bundle` packs vLLM's Python files and the Python 3.12 wheels
 # it needs into build/vllm-gpu (about 27 MiB). There, with build/vllm-gpu carried:
 # `make test-vllm-gpu` installs the bundle into build/vllm-gpu/site and runs the vLLM
 # execution tests on real streams, events and CUDA graphs.
-vllm-gpu-bundle: $(ENV_STAMP)
-	$(PYTHON) -m pip install --quiet --no-deps -r requirements-vllm.txt
-	$(PYTHON) tools/vllm_gpu_bundle.py pack
+vllm-gpu-bundle: vllm-install
+	$(PYTHON) tools/vllm_gpu_bundle.py pack --requirements $(VLLM_REQUIREMENTS)
 
 test-vllm-gpu: $(ENV_STAMP)
 	site=$$($(PYTHON) tools/vllm_gpu_bundle.py install) || exit 1; \

@@ -3,6 +3,7 @@ and a summary table of every scenario a world ran."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -45,6 +46,21 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_WORLD_LINE] = _asked_world_can_run(config)
     if config.getoption("--nnodes") > 1:
         _multi_node_can_run(config)
+    _required_vllm_imports()
+
+
+def _required_vllm_imports() -> None:
+    """`make test-vllm` asks for a vLLM release (HARNESS_REQUIRE_VLLM): where that release
+    does not import, its tests would all skip, so the run stops instead."""
+    required = os.environ.get("HARNESS_REQUIRE_VLLM")
+    if not required:
+        return
+    from harness.vllm_sut.available import unavailable_reason, vllm_version
+
+    found = vllm_version()
+    if found != required:
+        why = unavailable_reason() or f"vllm {found} imports instead"
+        raise pytest.UsageError(f"HARNESS_REQUIRE_VLLM: vllm {required} was asked for: {why}")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,4 +1,5 @@
-"""`python -m harness`: the command line. Bad input is one line on stderr and exit code 2."""
+"""`python -m harness`: the command line. Bad input is one line on stderr and exit code 2;
+what the harness itself cannot do (an unknown vLLM API) one line and exit code 3."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from harness.cli_config import (
 )
 from harness.cli_result import (
     EXIT_BAD_INPUT,
+    EXIT_CANNOT,
     EXIT_FOUND,
     EXIT_OK,
     print_tested,
@@ -35,7 +37,7 @@ from harness.cli_result import (
 from harness.cli_vllm import add_vllm_flags, scenario_with_vllm_code, tested_vllm_json, vllm_fields
 from harness.config import HarnessConfig
 from harness.config_values import check_seconds
-from harness.errors import ConfigError
+from harness.errors import ConfigError, HarnessCannot
 from harness.fuzz.command import add_fuzz_command
 from harness.history.decision import StepPlan
 from harness.report.command import add_report_command
@@ -284,6 +286,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except HarnessCannot as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CANNOT
     except (RankFailure, RankHang) as exc:
         print(f"error: the ranks did not complete the step: {exc}", file=sys.stderr)
         return EXIT_FOUND

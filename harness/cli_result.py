@@ -12,7 +12,8 @@ from harness.check.verdict import Outcome
 from harness.cli_vllm import tested_vllm, tested_vllm_json
 from harness.config import HarnessConfig
 
-EXIT_OK, EXIT_FOUND, EXIT_BAD_INPUT = 0, 1, 2
+# 3: the harness itself could not do what was asked (harness.errors.HarnessCannot).
+EXIT_OK, EXIT_FOUND, EXIT_BAD_INPUT, EXIT_CANNOT = 0, 1, 2, 3
 
 VERDICT_MARKS = {Outcome.HELD: "ok  ", Outcome.FAILED: "FAIL", Outcome.NOT_APPLICABLE: "n/a "}
 

@@ -82,7 +82,7 @@ class All2AllBackend(enum.Enum):
 
 
 class Release(enum.Enum):
-    """Which vLLM release's DBO the miniature models (docs/spec.md §2.3): the newest is the
+    """Which vLLM release's DBO the miniature models (docs/spec.md §2.6): the newest is the
     default; under vLLM's own code it is the release that code's API is (harness/vllm_code)."""
 
     V0_33 = "0.33"  # one token-keyed table for every batch

@@ -17,6 +17,7 @@ from harness.bench.detection import (
     print_detection,
     timed_variants,
 )
+from harness.config import Release
 from harness.fuzz.variants import EXEC_VARIANTS, VARIANTS
 
 
@@ -65,6 +66,7 @@ def _without_vllm(monkeypatch):
 
 def _with_vllm(monkeypatch):
     monkeypatch.setattr(available, "vllm_version", lambda: "0.33.0")
+    monkeypatch.setattr(available, "installed_release", lambda: Release.V0_33)
 
 
 def test_the_planted_slips_under_vllms_execution_are_timed_and_its_own_hunts_are_not():
@@ -87,6 +89,7 @@ def test_every_planted_bug_gets_a_row_the_vllm_slips_on_their_own_setting(
     for search in slips:
         setting = dict(search["variant"].setting)
         assert setting == {"sut": "vllm", "execution": "vllm"}
+        assert search["fixed"] == {"release": "0.33"}  # the miniature models the installed vLLM
         assert search["hunt"] == ("stream_order",) and search["dp_sizes"] == (2,)
         opened = next(o for o in FakePool.opened if o["pool"] is search["pool"])
         assert opened["preload_vllm"]

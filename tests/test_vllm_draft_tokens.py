@@ -19,7 +19,8 @@ from harness.fuzz.variants import SUT_VARIANTS
 from harness.sut.graph_table import GraphTable
 from harness.sut.step_plan import plan_without_world
 from harness.vllm_code.source import read_patch
-from harness.vllm_sut.available import unavailable_reason, vllm_version
+from harness.vllm_sut.available import config_for_installed as config_of
+from harness.vllm_sut.available import installed_release, unavailable_reason, vllm_version
 from harness.world.sim.world import SimWorld
 
 if vllm_version() is None:
@@ -34,7 +35,7 @@ only_0_33 = pytest.mark.skipif(vllm_version() != "0.33.0",
 PATCH = Path(__file__).resolve().parents[1] / "scenarios" / "vllm" / "patches" / \
     "rank-local-query-len-bound.diff"
 
-CONFIGS = [HarnessConfig.of(enable_dbo=False, decode_query_len=q, varlen_decode=varlen,
+CONFIGS = [config_of(enable_dbo=False, decode_query_len=q, varlen_decode=varlen,
                             cudagraph_mode=mode, capture_sizes=sizes, max_num_reqs=reqs,
                             max_num_batched_tokens=64)
            for q, varlen, mode, sizes, reqs in itertools.product(
@@ -86,7 +87,7 @@ def agreed(state):
 
 @pytest.mark.parametrize("skips", [(True, True, True), (True, True, False), (False, True, True)])
 def test_vllm_syncs_the_query_len_bound_and_skip_drafts_as_the_harness_does(skips):
-    config = HarnessConfig.of(dp_size=3, enable_dbo=False, decode_query_len=3, varlen_decode=True,
+    config = config_of(dp_size=3, enable_dbo=False, decode_query_len=3, varlen_decode=True,
                               cudagraph_mode="FULL_AND_PIECEWISE", capture_sizes=(8, 16),
                               max_num_reqs=8, max_num_batched_tokens=64)
     for lens in (((1, 3, 2), (2, 1), ()), ((1, 3, 2), (5, 1), (3,)), ((3, 3), (3,), (3, 3))):
@@ -102,8 +103,9 @@ def test_vllm_syncs_the_query_len_bound_and_skip_drafts_as_the_harness_does(skip
 
 @only_0_33
 def test_a_rank_local_bound_in_vllms_dp_utils_is_found_by_differential_within_30_s(tmp_path):
-    fixed = {"enable_dbo": False, "ubatch_size": 0, "vllm_patches": (read_patch(PATCH),)}
-    vllm_plans_without_world(HarnessConfig.of(dp_size=2, sut="vllm"), [RankBatch.uniform(1)] * 2)
+    fixed = {"enable_dbo": False, "ubatch_size": 0, "vllm_patches": (read_patch(PATCH),),
+             "release": installed_release().value}
+    vllm_plans_without_world(config_of(dp_size=2, sut="vllm"), [RankBatch.uniform(1)] * 2)
     start = time.monotonic()  # vLLM's modules are imported: what is timed is the search
     with SimWorld(2, FUZZ_TIMEOUTS) as world:
         outcome = fuzz(SUT_VARIANTS["vllm"], world.run, world="sim", dp_sizes=(2,), fixed=fixed,

@@ -22,7 +22,7 @@ from harness.errors import ConfigError
 from harness.scenario import load_scenario, scenario_from_dict
 from harness.timeouts import Timeouts
 from harness.vllm_code.source import read_patch
-from harness.vllm_sut.available import unavailable_reason, vllm_version
+from harness.vllm_sut.available import on_installed, unavailable_reason, vllm_version
 from harness.world.torchrun.world import TorchrunWorld
 
 if vllm_version() is None:
@@ -50,7 +50,7 @@ def world(request):
 
 
 def run(world, data: dict, patches=()):
-    scenario = scenario_from_dict(data)
+    scenario = on_installed(scenario_from_dict(data))
     if patches:
         config = scenario.config.with_changes(vllm_patches=patches)
         scenario = scenario_from_dict({**data, "config": config.to_dict()})
@@ -144,7 +144,7 @@ def test_the_regression_scenarios_name_the_checker_that_catches_them():
     paths = sorted(EXEC.glob("*.json"))
     assert len(paths) == 4
     for path in paths:
-        scenario = load_scenario(path)
+        scenario = on_installed(load_scenario(path))
         assert scenario.config.system.execution.value == "vllm"
         assert scenario.caught_by in ("liveness", "errors", "stream_order")
 

@@ -14,7 +14,12 @@ from harness.fuzz.engine import FUZZ_TIMEOUTS, Budget, fuzz
 from harness.fuzz.variants import SUT_VARIANTS
 from harness.scenario import load_scenario, scenario_from_dict
 from harness.sut.thresholds import last_region_start
-from harness.vllm_sut.available import unavailable_reason, vllm_version
+from harness.vllm_sut.available import (
+    installed_release,
+    on_installed,
+    unavailable_reason,
+    vllm_version,
+)
 from harness.world.sim.world import SimWorld
 
 if vllm_version() is None:
@@ -30,7 +35,8 @@ GUARD_CHECKERS = ("no_empty_region", "differential", "captured_split")
 @pytest.mark.parametrize("k", [2, 3])
 def test_the_fuzzer_finds_the_empty_microbatch_guard_of_vllm_and_shrinks_it(tmp_path, k):
     # Enough requests that every twin is reachable: the guard is what is left to find.
-    fixed = {"max_num_reqs": 64, "enable_dbo": k == 2, "ubatch_size": 0 if k == 2 else k}
+    fixed = {"max_num_reqs": 64, "enable_dbo": k == 2, "ubatch_size": 0 if k == 2 else k,
+             "release": installed_release().value}
     with SimWorld(2, FUZZ_TIMEOUTS) as world:
         outcome = fuzz(SUT_VARIANTS["vllm"], world.run, world="sim", dp_sizes=(2,),
                        fixed=fixed, budget=BUDGET, database=None, scenario_dir=tmp_path,
@@ -49,8 +55,8 @@ def test_the_fuzzer_finds_the_empty_microbatch_guard_of_vllm_and_shrinks_it(tmp_
 @only_0_33
 def test_the_differential_verdict_shows_vllm_and_the_reference_side_by_side():
     scenario = scenario_from_dict({
-        "config": {"sut": "vllm", "capture_sizes": [32, 64], "max_num_reqs": 64,
-                   "max_num_batched_tokens": 64, "decode_threshold": 8,
+        "config": {"sut": "vllm", "release": installed_release().value, "capture_sizes": [32, 64],
+                   "max_num_reqs": 64, "max_num_batched_tokens": 64, "decode_threshold": 8,
                    "prefill_threshold": 32},
         "steps": [{"ranks": [32, 64]}, {"ranks": [40, 64]}]})
     with SimWorld(2, FUZZ_TIMEOUTS) as world:
@@ -70,7 +76,7 @@ VLLM_SCENARIOS = sorted((Path(__file__).resolve().parents[1] / "scenarios" / "vl
 @only_0_33
 @pytest.mark.parametrize("path", VLLM_SCENARIOS, ids=lambda p: p.stem)
 def test_each_finding_on_vllm_is_caught_and_clean_with_the_harness_deciding(path):
-    scenario = load_scenario(path)
+    scenario = on_installed(load_scenario(path))
     with SimWorld(scenario.config.serving.dp_size, FUZZ_TIMEOUTS) as world:
         found = judge(world.run(scenario))
         clean = judge(world.run(scenario.with_reference_behaviour()))

@@ -11,7 +11,7 @@ import pytest
 from harness.check.judge import judge
 from harness.fuzz.engine import FUZZ_TIMEOUTS
 from harness.scenario import scenario_from_dict
-from harness.vllm_sut.available import unavailable_reason, vllm_version
+from harness.vllm_sut.available import installed_release, unavailable_reason, vllm_version
 from harness.world.sandbox.world import SandboxedSimWorld
 
 if vllm_version() is None:
@@ -21,8 +21,8 @@ if vllm_version() is None:
 def test_the_first_vllm_scenario_of_a_sandboxed_world_is_judged_not_timed_out():
     scenario = scenario_from_dict({
         "name": "first-vllm-scenario",
-        "config": {"dp_size": 2, "sut": "vllm", "capture_sizes": [8, 16],
-                   "max_num_reqs": 16, "max_num_batched_tokens": 64},
+        "config": {"dp_size": 2, "sut": "vllm", "release": installed_release().value,
+                   "capture_sizes": [8, 16], "max_num_reqs": 16, "max_num_batched_tokens": 64},
         "steps": [{"ranks": [12, 16]}, {"ranks": [3, 5]}]})
     with SandboxedSimWorld(2, FUZZ_TIMEOUTS) as world:
         result = judge(world.run(scenario))

@@ -20,7 +20,12 @@ from harness.fuzz.variants import SUT_VARIANTS
 from harness.scenario import load_scenario, scenario_from_dict
 from harness.sut.thresholds import last_region_start
 from harness.vllm_code.source import VllmPatch, content_hash, read_patch
-from harness.vllm_sut.available import unavailable_reason, vllm_version
+from harness.vllm_sut.available import (
+    installed_release,
+    on_installed,
+    unavailable_reason,
+    vllm_version,
+)
 from harness.world.sim.world import SimWorld
 
 if vllm_version() is None:
@@ -40,7 +45,8 @@ GUARD_CHECKERS = ("no_empty_region", "differential", "captured_split")
 
 
 def fuzz_vllm(tmp_path, k: int, patches: tuple[VllmPatch, ...]):
-    fixed = {"max_num_reqs": 64, **ubatching_fields(k), "vllm_patches": patches}
+    fixed = {"max_num_reqs": 64, **ubatching_fields(k), "vllm_patches": patches,
+             "release": installed_release().value}
     with SimWorld(2, FUZZ_TIMEOUTS) as world:
         return fuzz(SUT_VARIANTS["vllm"], world.run, world="sim", dp_sizes=(2,), fixed=fixed,
                     budget=BUDGET, database=None, scenario_dir=tmp_path, seed=0)
@@ -87,7 +93,7 @@ def exhaustive(patches: tuple[VllmPatch, ...], dp: int, k: int, tokens: int):
     # The lowest decode threshold: every graph of the ladder has microbatched twins.
     config = HarnessConfig.of(dp_size=dp, max_num_reqs=tokens, max_num_batched_tokens=tokens,
                               decode_threshold=k, sut="vllm", vllm_patches=patches,
-                              **ubatching_fields(k))
+                              release=installed_release().value, **ubatching_fields(k))
     return explore(config, tokens)
 
 
@@ -118,8 +124,8 @@ def patched(text: str, old: str, new: str, name: str) -> VllmPatch:
 
 def guard_scenario(tokens: list[int], patch: VllmPatch):
     return scenario_from_dict({
-        "config": {"sut": "vllm", "capture_sizes": [4], "max_num_reqs": 64,
-                   "max_num_batched_tokens": 64, "decode_threshold": 2,
+        "config": {"sut": "vllm", "release": installed_release().value, "capture_sizes": [4],
+                   "max_num_reqs": 64, "max_num_batched_tokens": 64, "decode_threshold": 2,
                    "prefill_threshold": 4, "vllm_patches": [patch.to_dict()],
                    "differential_against_base": True},
         "steps": [{"ranks": tokens}]})
@@ -180,7 +186,7 @@ def test_a_stale_patch_is_one_line_and_exit_2(tmp_path, capsys):
     stale = tmp_path / "stale.diff"
     stale.write_text(INCLUSIVE.diff.replace(" num_active_loras=num_active_loras,",
                                             " num_active_loras=0,"))
-    scenario = load_scenario(ROOT / "scenarios" / "vllm" / "guard-half-graph-k2.json")
+    scenario = on_installed(load_scenario(ROOT / "scenarios" / "vllm" / "guard-half-graph-k2.json"))
     path = tmp_path / "s.json"
     path.write_text(scenario.to_json())
     assert main(["run", "--scenario", str(path), "--vllm-patch", str(stale)]) == 2

@@ -14,6 +14,7 @@ from harness.batch import RankBatch
 from harness.config import CudaGraphMode, HarnessConfig
 from harness.sut.graph_table import GraphTable
 from harness.sut.step_plan import decide_on_rank
+from harness.vllm_sut.available import config_for_installed as config_of
 from harness.vllm_sut.available import unavailable_reason, vllm_version
 from harness.world.sim.threads import ThreadWorld
 
@@ -37,20 +38,20 @@ TIMEOUT_S = 2.0
 
 # Configs whose candidates the two systems should generate identically (every twin kept).
 SAME_CANDIDATES = {
-    "full-k2": HarnessConfig.of(capture_sizes=(32, 64)),
-    "full-k2-ladder": HarnessConfig.of(capture_sizes=(8, 16, 32, 64, 128), max_num_reqs=64,
+    "full-k2": config_of(capture_sizes=(32, 64)),
+    "full-k2-ladder": config_of(capture_sizes=(8, 16, 32, 64, 128), max_num_reqs=64,
                                        decode_threshold=16, prefill_threshold=64),
-    "full-decode-only": HarnessConfig.of(cudagraph_mode="FULL_DECODE_ONLY",
+    "full-decode-only": config_of(cudagraph_mode="FULL_DECODE_ONLY",
                                          capture_sizes=(16, 32, 64)),
-    "full-and-piecewise": HarnessConfig.of(cudagraph_mode="FULL_AND_PIECEWISE",
+    "full-and-piecewise": config_of(cudagraph_mode="FULL_AND_PIECEWISE",
                                            capture_sizes=(16, 32, 64, 128)),
-    "full-k3": HarnessConfig.of(enable_dbo=False, ubatch_size=3, capture_sizes=(12, 48, 96),
+    "full-k3": config_of(enable_dbo=False, ubatch_size=3, capture_sizes=(12, 48, 96),
                                 max_num_reqs=128, max_num_batched_tokens=128),
-    "tiny-uct2-twin": HarnessConfig.of(capture_sizes=(4, 8), max_num_reqs=4,
+    "tiny-uct2-twin": config_of(capture_sizes=(4, 8), max_num_reqs=4,
                                        max_num_batched_tokens=8, decode_threshold=2,
                                        prefill_threshold=2),
-    "no-ubatching": HarnessConfig.of(enable_dbo=False, capture_sizes=(16, 32)),
-    "no-graphs": HarnessConfig.of(cudagraph_mode="NONE"),
+    "no-ubatching": config_of(enable_dbo=False, capture_sizes=(16, 32)),
+    "no-graphs": config_of(cudagraph_mode="NONE"),
 }
 
 
@@ -89,7 +90,7 @@ def test_vllm_captures_the_graph_tables_descriptors_in_the_same_order(name):
 
 
 def test_vllm_keeps_the_twins_that_the_reachable_graph_table_drops():
-    config = HarnessConfig.of(capture_sizes=(16, 32, 64, 128), max_num_reqs=64)
+    config = config_of(capture_sizes=(16, 32, 64, 128), max_num_reqs=64)
     reachable_only = set(GraphTable.build(config).descriptors)
     theirs = set(vllm_capture_order(config))
     extra = theirs - reachable_only
@@ -101,7 +102,7 @@ def test_vllm_keeps_the_twins_that_the_reachable_graph_table_drops():
 
 @only_0_33
 def test_vllm_0_33_adds_max_num_seqs_to_the_default_capture_ladder():
-    config = HarnessConfig.of(max_num_reqs=100, max_num_batched_tokens=512)
+    config = config_of(max_num_reqs=100, max_num_batched_tokens=512)
     ours = list(config.cudagraph_capture_sizes)
     theirs = list(vllm_configs(config).compilation_config.cudagraph_capture_sizes)
     print(diff("harness", [str(s) for s in ours], "vllm", [str(s) for s in theirs]))
@@ -155,14 +156,14 @@ def test_vllm_dispatch_never_looks_past_the_smallest_graph_that_fits():
 
 
 def test_vllm_thresholds_are_the_harness_thresholds():
-    config = HarnessConfig.of(decode_threshold=32, prefill_threshold=128)
+    config = config_of(decode_threshold=32, prefill_threshold=128)
     for tokens in range(0, 200):
         for uniform in (True, False):
             ours = tokens >= (32 if uniform else 128)
             assert vllm_check_ubatch_thresholds(config, tokens, uniform) == ours, tokens
 
 
-SKEW_CONFIG = HarnessConfig.of(capture_sizes=(16, 32, 64, 128), max_num_reqs=128,
+SKEW_CONFIG = config_of(capture_sizes=(16, 32, 64, 128), max_num_reqs=128,
                                max_num_batched_tokens=256, decode_threshold=32,
                                prefill_threshold=128)
 COUNTS = (0, 1, 15, 16, 17, 31, 32, 33, 40, 63, 64, 65, 100, 127, 128)
@@ -240,7 +241,7 @@ def test_vllm_0_33_syncs_the_real_request_count_where_the_harness_syncs_the_grap
 
 @only_0_33
 def test_vllm_0_33_replays_a_microbatched_graph_when_the_smallest_rank_fills_exactly_half():
-    config = HarnessConfig.of(capture_sizes=(32, 64), max_num_reqs=64)
+    config = config_of(capture_sizes=(32, 64), max_num_reqs=64)
     batches = [decode(32), decode(64)]
     theirs = plans(config, batches, vllm_decide_on_rank)
     merged = plans(config.with_changes(guard="merged"), batches, decide_on_rank)
@@ -254,7 +255,7 @@ def test_vllm_0_33_replays_a_microbatched_graph_when_the_smallest_rank_fills_exa
 
 @only_0_33
 def test_vllm_0_33_keeps_the_literal_two_of_the_guard_with_three_microbatches():
-    config = HarnessConfig.of(enable_dbo=False, ubatch_size=3, capture_sizes=(96,),
+    config = config_of(enable_dbo=False, ubatch_size=3, capture_sizes=(96,),
                               max_num_reqs=128, max_num_batched_tokens=128)
     assert vllm_configs(config).num_ubatches == 3
     replays_with_an_empty_region = []
@@ -276,7 +277,7 @@ def test_vllm_0_33_keeps_the_literal_two_of_the_guard_with_three_microbatches():
 
 def test_vllm_sync_agrees_with_the_merged_guard_on_a_three_rank_world():
     # Three ranks take vLLM's all-reduce through its non-power-of-two exchange.
-    config = HarnessConfig.of(dp_size=3, capture_sizes=(32, 64, 128), max_num_reqs=128)
+    config = config_of(dp_size=3, capture_sizes=(32, 64, 128), max_num_reqs=128)
     merged = config.with_changes(guard="merged")
     for tokens in ([32, 64, 64], [40, 33, 100], [64, 128, 70], [0, 5, 31], [128, 128, 128]):
         batches = [decode(n) for n in tokens]

@@ -1,10 +1,10 @@
 """vLLM for the GPU machine, which has no package registry: pack it here, install it there.
 
-`pack` (here, where requirements-vllm.txt is installed and a registry answers) writes
+`pack` (here, where requirements/vllm-VERSION.txt is installed and a registry answers) writes
 build/vllm-gpu/: vLLM's Python files and dist-info as one tar.gz (its compiled extensions
 stay behind: the harness runs vLLM with the CPU platform and real CUDA streams, docs/spec.md
 §10), and Python 3.12 wheels of each distribution the execution path imports that the GPU
-image does not ship, at the versions pinned in requirements-vllm.txt. The whole is about
+image does not ship, at the versions pinned in that file. The whole is about
 27 MiB, inside what a device call carries.
 
 `install` (there) installs the bundle into build/vllm-gpu/site without a registry and
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata as metadata
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -23,7 +24,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLE = ROOT / "build" / "vllm-gpu"
-REQUIREMENTS = ROOT / "requirements-vllm.txt"
 # The distributions the GPU machine's image already ships (its package list, 2026-11): their
 # versions there satisfy vLLM 0.33.0's ranges, so they are not carried.
 ON_GPU_IMAGE = frozenset(
@@ -44,9 +44,9 @@ def canonical(name: str) -> str:
     return name.lower().replace("_", "-").replace(".", "-")
 
 
-def pinned() -> dict[str, str]:
+def pinned(requirements: Path) -> dict[str, str]:
     pins = {}
-    for line in REQUIREMENTS.read_text().splitlines():
+    for line in requirements.read_text().splitlines():
         line = line.split("#")[0].strip()
         if "==" in line:
             name, version = line.split("==")
@@ -72,8 +72,8 @@ def carried(pins: dict[str, str]) -> list[str]:
                   if d not in ON_GPU_IMAGE and d != "vllm")
 
 
-def pack() -> int:
-    pins = pinned()
+def pack(requirements: Path) -> int:
+    pins = pinned(requirements)
     wanted = carried(pins)
     wheels = BUNDLE / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
@@ -103,14 +103,18 @@ def install(bundle: Path = BUNDLE) -> int:
               "answers, and carry build/vllm-gpu", file=sys.stderr)
         return 2
     site = bundle / "site"
-    if not (site / ".installed").exists():
+    packed = _packed_version(bundle)
+    marker = site / ".installed"
+    if not marker.exists() or marker.read_text().strip() != packed:
+        if site.exists():
+            shutil.rmtree(site)  # another release's files would shadow this one's
         wheels = sorted(str(w) for w in (bundle / "wheels").glob("*.whl"))
         subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index",
                         "--no-deps", "--no-compile", "--upgrade", "--target", str(site),
                         *wheels], check=True, timeout=600)
         with tarfile.open(bundle / "vllm-py.tar.gz") as tar:
             tar.extractall(site, filter="data")
-        (site / ".installed").touch()
+        marker.write_text(packed)
     env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{ROOT}"}
     probe = subprocess.run([sys.executable, "-c", PROBE], env=env, cwd=ROOT, timeout=300,
                            capture_output=True, text=True)
@@ -122,10 +126,24 @@ def install(bundle: Path = BUNDLE) -> int:
     return 0
 
 
+def _packed_version(bundle: Path) -> str:
+    """The vLLM version inside the bundle, from its dist-info's name."""
+    with tarfile.open(bundle / "vllm-py.tar.gz") as tar:
+        for name in tar.getnames():
+            top = name.split("/")[0]
+            if top.startswith("vllm-") and top.endswith(".dist-info"):
+                return top[len("vllm-"):-len(".dist-info")]
+    return "unknown"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("action", choices=["pack", "install"])
-    return pack() if parser.parse_args().action == "pack" else install()
+    parser.add_argument("--requirements", type=Path,
+                        default=ROOT / "requirements" / "vllm-0.34.0.txt",
+                        help="the pins of the release packed (requirements/vllm-VERSION.txt)")
+    args = parser.parse_args()
+    return pack(args.requirements) if args.action == "pack" else install()
 
 
 if __name__ == "__main__":

@@ -72,11 +72,12 @@ def detection_rows(world: str, seeds: list[int], budget_s: float,
 def vllm_slip_rows(world: str, seeds: list[int], budget_s: float,
                    names: list[str]) -> list[DetectionRow]:
     """The rows of vLLM's execution slips; each one a skipped row where vllm does not import."""
-    from harness.vllm_sut.available import unavailable_reason, vllm_version
+    from harness.vllm_sut.available import installed_release, unavailable_reason, vllm_version
 
     if vllm_version() is None:
         why = f"vllm not installed ({unavailable_reason()})"
         return [DetectionRow(world, name, (), (), skipped=why) for name in names]
+    release = {"release": installed_release().value}  # the miniature models the installed one
     nproc = None if world == "sim" else VLLM_DP  # the sim world opens its torchrun one
     with WorldPool(world, "gloo", FUZZ_TIMEOUTS, nproc, preload_vllm=True) as pool:
         rows = []
@@ -84,26 +85,27 @@ def vllm_slip_rows(world: str, seeds: list[int], budget_s: float,
             variant = EXEC_VARIANTS[name]
             # Ranks that import vLLM start in tens of seconds: started before the clock runs,
             # as the torchrun world of the harness's rows is.
-            pool.run(warm_up(variant))
-            rows.append(_row(world, variant, pool, (VLLM_DP,), seeds, budget_s))
+            pool.run(warm_up(variant, release))
+            rows.append(_row(world, variant, pool, (VLLM_DP,), seeds, budget_s, release))
     return rows
 
 
-def warm_up(variant: Variant) -> Scenario:
+def warm_up(variant: Variant, fixed: dict | None = None) -> Scenario:
     """One plain decode step on the variant's setting without its slip: it opens the world
     the variant's examples run on."""
-    return scenario_from_dict({"config": {"dp_size": VLLM_DP, **dict(variant.setting)},
+    config = {"dp_size": VLLM_DP, **dict(variant.setting), **(fixed or {})}
+    return scenario_from_dict({"config": config,
                                "steps": [{"ranks": [{"tokens": 4}] * VLLM_DP}]})
 
 
 def _row(world: str, variant: Variant, pool: WorldPool, dp_sizes: tuple[int, ...],
-         seeds: list[int], budget_s: float) -> DetectionRow:
+         seeds: list[int], budget_s: float, fixed: dict | None = None) -> DetectionRow:
     seconds, examples = [], []
     for seed in seeds:
         # Detection only: no shrinking, so every seed costs at most the budget.
         outcome = fuzz(variant, pool.run, world=world, dp_sizes=dp_sizes,
                        budget=Budget(seconds=budget_s, shrink_seconds=0.0), database=None,
-                       seed=seed, scenario_dir=_scratch(), hunt=variant.hunt)
+                       seed=seed, scenario_dir=_scratch(), hunt=variant.hunt, fixed=fixed)
         seconds.append(outcome.seconds_to_detection)
         examples.append(outcome.examples_to_detection)
     return DetectionRow(world, variant.name, tuple(seconds), tuple(examples))

@@ -65,7 +65,7 @@ def capture_sizes(config: HarnessConfig) -> list[int]:
 
 
 def newest(config: HarnessConfig) -> bool:
-    """Whether the config models 0.34 (§2.3), not 0.33."""
+    """Whether the config models 0.34 (§2.6), not 0.33."""
     return config.serving.release.value == "0.34"
 
 
@@ -134,7 +134,7 @@ def fits(desc: GraphDescriptor, num_reqs: int, num_tokens: int, uct: int | None,
 
 
 def looked_up_first(config: HarnessConfig, desc: GraphDescriptor) -> bool:
-    """§2.3 (0.34): a uniform decode graph of a separate decode routine is looked up by its
+    """§2.6 (0.34): a uniform decode graph of a separate decode routine is looked up by its
     query length and request count before any graph keyed by tokens."""
     decode_mode, _ = branch_modes(config.serving.cudagraph_mode)
     return (newest(config) and decode_mode is not None and desc.cg_mode is decode_mode
@@ -236,7 +236,7 @@ def table_by_tokens(config: HarnessConfig, decode_threshold: int) -> list[GraphD
 
 
 def table_by_requests(config: HarnessConfig, decode_threshold: int) -> list[GraphDescriptor]:
-    """§2.3 as 0.34 generates it: decode graphs of n requests x q tokens with their twins (or
+    """§2.6 as 0.34 generates it: decode graphs of n requests x q tokens with their twins (or
     varlen decode graphs by tokens), then every capture size's mixed graph and its twin."""
     decode_mode, mixed_mode = branch_modes(config.serving.cudagraph_mode)
     q, cap = config.serving.decode_query_len, config.serving.max_num_reqs
@@ -266,7 +266,7 @@ def table_by_requests(config: HarnessConfig, decode_threshold: int) -> list[Grap
 
 
 def varlen_grid(top: int) -> list[int]:
-    """§2.3 (0.34): the token counts of adaptive verification's decode graphs up to `top`."""
+    """§2.6 (0.34): the token counts of adaptive verification's decode graphs up to `top`."""
     if top <= 0:
         return []
     grid = [1, 2, 4, 8]

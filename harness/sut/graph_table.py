@@ -91,7 +91,7 @@ def _mixed(config: HarnessConfig, mixed_mode: CudaGraphMode, size: int) -> Graph
 
 def decode_request_sizes(config: HarnessConfig) -> list[int]:
     """0.34: the request counts the capture sizes round up to at the decode query length,
-    within the largest capture size (docs/spec.md §2.3)."""
+    within the largest capture size (docs/spec.md §2.6)."""
     q, top = config.serving.decode_query_len, config.max_capture_size
     return sorted({min(-(-s // q), config.serving.max_num_reqs)
                    for s in config.cudagraph_capture_sizes if -(-s // q) * q <= top})
@@ -170,7 +170,7 @@ class GraphTable:
 
     def is_request_keyed(self, desc: GraphDescriptor) -> bool:
         """0.34: a uniform decode graph of a separate decode routine, looked up by the batch's
-        query length and request count before any token-keyed graph (docs/spec.md §2.3)."""
+        query length and request count before any token-keyed graph (docs/spec.md §2.6)."""
         mode = self.config.serving.cudagraph_mode
         return (self.config.serving.release.request_keyed_decode and mode.separate_routine()
                 and desc.cg_mode is mode.decode_mode() and desc.uniform_token_count is not None)

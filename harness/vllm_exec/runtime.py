@@ -54,7 +54,7 @@ from harness.vllm_exec.inputs import (
 from harness.vllm_exec.model import MiniModel, VllmStyleMoE
 from harness.vllm_exec.stand_ins import CudaStandIns, stand_ins_for
 from harness.vllm_sut.candidates import to_harness
-from harness.vllm_sut.code import vllm_code
+from harness.vllm_sut.code import check_same_release, vllm_code
 from harness.vllm_sut.configs import vllm_configs
 from harness.vllm_sut.differences import graph_manager_args, prepare_args, vllm_sync_state
 
@@ -82,6 +82,7 @@ class VllmExecRuntime:
         self.rank = rank
         self.group = group
         self.collective_timeout_s = collective_timeout_s
+        check_same_release(config)
         self.code = vllm_code(config)
         self.device = _resolved(device)
         self.stand_ins = stand_ins_for(self.device, collective_timeout_s)

@@ -35,3 +35,26 @@ def vllm_version() -> str | None:
 def unavailable_reason() -> str:
     """One line saying why vLLM is absent ('' when it imports)."""
     return _probe()[1]
+
+
+def installed_release():
+    """The release whose API the vLLM that imports has (harness.config.Release); imports it."""
+    from harness.vllm_sut.code import CodeKey, code_for
+
+    return code_for(CodeKey()).api
+
+
+def config_for_installed(**flat):
+    """HarnessConfig.of(**flat) modelling the installed vLLM's release, as the command line
+    does for every config that runs vLLM's code (harness.cli_vllm.vllm_fields)."""
+    from harness.config import HarnessConfig
+
+    return HarnessConfig.of(**{"release": installed_release().value, **flat})
+
+
+def on_installed(scenario):
+    """The scenario modelling the installed vLLM's release (what `run --scenario` does)."""
+    from dataclasses import replace
+
+    return replace(scenario, config=scenario.config.with_changes(
+        release=installed_release().value))

@@ -101,6 +101,16 @@ def vllm_code(config: HarnessConfig) -> VllmCode:
     return code_for(code_key(config))
 
 
+def check_same_release(config: HarnessConfig) -> None:
+    """The miniature a vLLM's code is held to (and that decides beside its execution) must
+    model that code's release; the command line sets it from the code, a config written by
+    hand must agree."""
+    api = vllm_code(config).api
+    if api is not config.serving.release:
+        raise ConfigError("release", f"is {config.serving.release.value}, but the vLLM under "
+                          f"test has {api.value}'s API; set release to {api.value}")
+
+
 def code_for(key: CodeKey) -> VllmCode:
     with _LOCK:
         if key not in _CACHE:

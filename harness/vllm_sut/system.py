@@ -13,11 +13,16 @@ from harness.sut.graph_table import GraphTable
 from harness.sut.systems import DecisionCode, register
 
 
-def _graph_table(config: HarnessConfig, rank: int) -> GraphTable:
+def _same_release(config: HarnessConfig) -> None:
     # A checkout given where no vllm is installed must be on the path before vLLM imports.
-    from harness.vllm_sut.code import ensure_vllm_importable
+    from harness.vllm_sut.code import check_same_release, ensure_vllm_importable
 
     ensure_vllm_importable(config.system.vllm_src)
+    check_same_release(config)
+
+
+def _graph_table(config: HarnessConfig, rank: int) -> GraphTable:
+    _same_release(config)
     from harness.vllm_sut.candidates import vllm_capture_order
 
     return GraphTable(config, rank, vllm_capture_order(config))
@@ -31,9 +36,7 @@ def _decide(group, config: HarnessConfig, rank: int, batch: RankBatch, timeout_s
 
 
 def _plans_without_world(config: HarnessConfig, batches: Sequence[RankBatch]) -> list[StepPlan]:
-    from harness.vllm_sut.code import ensure_vllm_importable
-
-    ensure_vllm_importable(config.system.vllm_src)
+    _same_release(config)
     from harness.vllm_sut.offline import vllm_plans_without_world
 
     return vllm_plans_without_world(config, batches)
