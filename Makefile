@@ -85,10 +85,11 @@ bench-gpu: $(ENV_STAMP)
 # stops the target: it never turns into a green run of skipped tests.
 VLLM_TESTS := tests/test_vllm_sut.py tests/test_vllm_fuzz.py tests/test_vllm_patch.py \
 	tests/test_vllm_patches.py tests/test_vllm_draft_tokens.py tests/test_vllm_exec.py \
-	tests/test_vllm_exec_checkers.py tests/test_vllm_exec_fuzz.py tests/test_vllm_api.py
+	tests/test_vllm_exec_checkers.py tests/test_vllm_exec_fuzz.py tests/test_vllm_api.py \
+	tests/test_vllm_in_sandbox.py
 vllm-install: $(ENV_STAMP)
-	@test -f $(VLLM_REQUIREMENTS) || { echo "ERROR: VLLM=$(VLLM): no $(VLLM_REQUIREMENTS); \
-		known: $$(ls requirements | sed -n 's/^vllm-\(.*\)\.txt$$/\1/p' | tr '\n' ' ')"; exit 2; }
+	@test -f $(VLLM_REQUIREMENTS) || { echo "ERROR: VLLM=$(VLLM): no $(VLLM_REQUIREMENTS) (known:" \
+		$$(ls requirements | sed -n 's/^vllm-\(.*\)\.txt$$/\1/p')")"; exit 2; }
 	$(PYTHON) -m pip install --quiet --no-deps -r $(VLLM_REQUIREMENTS) \
 		|| { echo "ERROR: vllm $(VLLM) could not be installed here"; exit 3; }
 	@$(PYTHON) -c "import vllm, sys; v = vllm.__version__; \

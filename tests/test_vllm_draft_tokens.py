@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import itertools
 import time
-from pathlib import Path
 
 import pytest
+from vllm_releases import SHIPS_THE_KNOWN_BUGS, release_patch, ships_the_known_bugs
 
 from harness.batch import RankBatch
 from harness.config import HarnessConfig
@@ -18,7 +18,6 @@ from harness.fuzz.engine import FUZZ_TIMEOUTS, Budget, fuzz
 from harness.fuzz.variants import SUT_VARIANTS
 from harness.sut.graph_table import GraphTable
 from harness.sut.step_plan import plan_without_world
-from harness.vllm_code.source import read_patch
 from harness.vllm_sut.available import config_for_installed as config_of
 from harness.vllm_sut.available import installed_release, unavailable_reason, vllm_version
 from harness.world.sim.world import SimWorld
@@ -29,11 +28,9 @@ if vllm_version() is None:
 from harness.vllm_sut.candidates import vllm_capture_order, vllm_dispatch  # noqa: E402
 from harness.vllm_sut.offline import vllm_plans_without_world  # noqa: E402
 
-only_0_33 = pytest.mark.skipif(vllm_version() != "0.33.0",
-                               reason=f"the patch is against vllm 0.33.0, this is "
-                               f"{vllm_version()}")
-PATCH = Path(__file__).resolve().parents[1] / "scenarios" / "vllm" / "patches" / \
-    "rank-local-query-len-bound.diff"
+known_bugs = pytest.mark.skipif(not ships_the_known_bugs(), reason=f"pins bugs that "
+                                f"{SHIPS_THE_KNOWN_BUGS} ship, this is {vllm_version()}")
+PATCH = release_patch("rank-local-query-len-bound.diff")  # against the installed release
 
 CONFIGS = [config_of(enable_dbo=False, decode_query_len=q, varlen_decode=varlen,
                             cudagraph_mode=mode, capture_sizes=sizes, max_num_reqs=reqs,
@@ -101,9 +98,9 @@ def test_vllm_syncs_the_query_len_bound_and_skip_drafts_as_the_harness_does(skip
         assert {p.state.skip_drafts for p in ours} == {all(skips)}
 
 
-@only_0_33
+@known_bugs
 def test_a_rank_local_bound_in_vllms_dp_utils_is_found_by_differential_within_30_s(tmp_path):
-    fixed = {"enable_dbo": False, "ubatch_size": 0, "vllm_patches": (read_patch(PATCH),),
+    fixed = {"enable_dbo": False, "ubatch_size": 0, "vllm_patches": (PATCH,),
              "release": installed_release().value}
     vllm_plans_without_world(config_of(dp_size=2, sut="vllm"), [RankBatch.uniform(1)] * 2)
     start = time.monotonic()  # vLLM's modules are imported: what is timed is the search

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from vllm_releases import SHIPS_THE_KNOWN_BUGS, release_patch, ships_the_known_bugs
 
 from harness.check.judge import judge
 from harness.check.verdict import Outcome
@@ -21,19 +22,18 @@ from harness.config import HarnessConfig
 from harness.errors import ConfigError
 from harness.scenario import load_scenario, scenario_from_dict
 from harness.timeouts import Timeouts
-from harness.vllm_code.source import read_patch
 from harness.vllm_sut.available import on_installed, unavailable_reason, vllm_version
 from harness.world.torchrun.world import TorchrunWorld
 
 if vllm_version() is None:
     pytest.skip(unavailable_reason(), allow_module_level=True)
 
-only_0_33 = pytest.mark.skipif(vllm_version() != "0.33.0",
-                               reason=f"the fix is against vllm 0.33.0, this is {vllm_version()}")
+known_bugs = pytest.mark.skipif(not ships_the_known_bugs(), reason=f"pins bugs that "
+                                f"{SHIPS_THE_KNOWN_BUGS} ship, this is {vllm_version()}")
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "scenarios" / "vllm"
 EXEC = SCENARIOS / "exec"  # regression scenarios of vLLM's execution code
-FIX = read_patch(SCENARIOS / "patches" / "pr55586-unwind.diff")
+FIX = release_patch("pr55586-unwind.diff")  # as written against the installed release
 TIMEOUTS = Timeouts(collective_s=2.0, hang_s=4.0, step_deadline_s=10.0)
 SMALL = {"max_num_reqs": 16, "max_num_batched_tokens": 32, "decode_threshold": 4,
          "prefill_threshold": 16}
@@ -97,7 +97,7 @@ def test_vllms_eager_microbatched_steps_match_the_reference_in_both_overlap_styl
         assert any("vllm-comm" in e for e in events), events
 
 
-@only_0_33
+@known_bugs
 def test_the_sibling_failure_hang_is_named_by_the_vllm_frame_it_is_parked_in(world):
     data = json.loads((EXEC / "sibling-failure-hang.json").read_text())
     verdicts = failed(run(world, data))
@@ -106,7 +106,7 @@ def test_the_sibling_failure_hang_is_named_by_the_vllm_frame_it_is_parked_in(wor
     assert "(_cpu_yield)" in verdicts["liveness"]
 
 
-@only_0_33
+@known_bugs
 def test_the_recv_hook_crash_is_named_with_the_attribute_error_and_its_line(world):
     data = json.loads((EXEC / "recv-hook-on-exited-context.json").read_text())
     run(world, data)  # the world is up (an earlier test may have ended it)
@@ -121,7 +121,7 @@ def test_the_recv_hook_crash_is_named_with_the_attribute_error_and_its_line(worl
     assert "(dbo_register_recv_hook)" in verdicts["errors"]
 
 
-@only_0_33
+@known_bugs
 @pytest.mark.parametrize("name", ["sibling-failure-hang", "recv-hook-on-exited-context"])
 def test_the_unwinding_fix_reads_clean_where_vllm_0_33_fails(world, name):
     data = json.loads((EXEC / f"{name}.json").read_text())
@@ -129,7 +129,7 @@ def test_the_unwinding_fix_reads_clean_where_vllm_0_33_fails(world, name):
     assert result.ok, failed(result)
 
 
-@only_0_33
+@known_bugs
 def test_a_thread_that_fails_in_its_device_set_up_hangs_the_starter_at_the_barrier(world):
     data = {"config": {"execution": "vllm", "sut": "vllm", "cudagraph_mode": "NONE", **SMALL},
             "steps": [{"ranks": [{"tokens": 10}, {"tokens": 12}]}],
@@ -258,7 +258,7 @@ def _bundle_tool():
 
 def test_the_gpu_bundle_carries_what_the_execution_path_imports_and_the_image_lacks():
     tool = _bundle_tool()
-    pins = tool.pinned()
+    pins = tool.pinned(ROOT / "requirements" / f"vllm-{vllm_version()}.txt")
     wanted = tool.carried(pins)
     assert {"pydantic", "pydantic-core", "msgspec", "cbor2"} <= set(wanted)
     assert not {"vllm", "torch", "numpy", "transformers"} & set(wanted)

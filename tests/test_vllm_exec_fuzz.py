@@ -1,25 +1,26 @@
-"""The fuzzer against vLLM 0.33.0's own execution code, from an empty database, on torchrun
-rank processes: it finds the sibling-failure hang and the NoneType recv-hook crash, each
-shrunk to one step and named; the two planted stream-order slips (a missing compute wait,
-an ids gather that waited before the router) are found by stream_order alone; a fault-free
-search with the harness deciding holds every checker. Slow (minutes): `make test-vllm` runs
-it. Skipped where vLLM does not import."""
+"""The fuzzer against vLLM's own execution code (0.33.0's and 0.34.0's ubatching.py are the
+same), from an empty database, on torchrun rank processes: it finds the sibling-failure hang
+and the NoneType recv-hook crash, each shrunk to one step and named; the two planted
+stream-order slips (a missing compute wait, an ids gather that waited before the router) are
+found by stream_order alone; a fault-free search with the harness deciding holds every
+checker. Slow (minutes): `make test-vllm` runs it. Skipped where vLLM does not import."""
 
 from __future__ import annotations
 
 import pytest
+from vllm_releases import SHIPS_THE_KNOWN_BUGS, ships_the_known_bugs
 
 from harness.fuzz.engine import FUZZ_TIMEOUTS, Budget, fuzz
 from harness.fuzz.variants import EXEC_VARIANTS
-from harness.vllm_sut.available import unavailable_reason, vllm_version
+from harness.vllm_sut.available import installed_release, unavailable_reason, vllm_version
 from harness.world.pool import WorldPool
 
 if vllm_version() is None:
     pytest.skip(unavailable_reason(), allow_module_level=True)
 
 pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(vllm_version() != "0.33.0",
-                                 reason=f"the findings are vllm 0.33.0's, not {vllm_version()}'s")]
+              pytest.mark.skipif(not ships_the_known_bugs(), reason=f"the findings are "
+                                 f"{SHIPS_THE_KNOWN_BUGS}'s, not {vllm_version()}'s")]
 # Detection takes 60-112 s on the 2-core machine (docs/measurements.md): each hang costs a
 # relaunch. The pytest bound leaves room for the shrink and a world's start and close.
 BUDGET = Budget(seconds=150.0, shrink_seconds=60.0)
@@ -30,7 +31,8 @@ def hunt(tmp_path, name: str, budget: Budget = BUDGET):
     variant = EXEC_VARIANTS[name]
     with WorldPool("torchrun", "gloo", FUZZ_TIMEOUTS, 2, preload_vllm=True) as pool:
         return fuzz(variant, pool.run, world="torchrun", dp_sizes=(2,), budget=budget,
-                    database=None, scenario_dir=tmp_path, seed=0, hunt=variant.hunt)
+                    database=None, scenario_dir=tmp_path, seed=0, hunt=variant.hunt,
+                    fixed={"release": installed_release().value})
 
 
 @pytest.mark.timeout(BOUND_S)
@@ -74,7 +76,8 @@ def test_the_fuzzer_finds_an_ids_gather_that_waited_before_the_router_on_the_sim
     with WorldPool("sim", "gloo", FUZZ_TIMEOUTS, 2, preload_vllm=True) as pool:
         outcome = fuzz(variant, pool.run, world="sim", dp_sizes=(2,),
                        budget=Budget(seconds=60.0, shrink_seconds=30.0), database=None,
-                       scenario_dir=tmp_path, seed=0, hunt=variant.hunt)
+                       scenario_dir=tmp_path, seed=0, hunt=variant.hunt,
+                       fixed={"release": installed_release().value})
     assert outcome.found and outcome.checker == "stream_order", outcome.note
     assert "all_gather on stream vllm-comm-" in outcome.detail
     assert "reads top-k ids of microbatch" in outcome.detail

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from vllm_releases import SHIPS_THE_KNOWN_BUGS, ships_the_known_bugs
 
 from harness.check.judge import judge
 from harness.fuzz.engine import FUZZ_TIMEOUTS, Budget, fuzz
@@ -25,13 +26,13 @@ from harness.world.sim.world import SimWorld
 if vllm_version() is None:
     pytest.skip(unavailable_reason(), allow_module_level=True)
 
-only_0_33 = pytest.mark.skipif(vllm_version() != "0.33.0",
-                               reason=f"pins vllm 0.33.0, this is {vllm_version()}")
+known_bugs = pytest.mark.skipif(not ships_the_known_bugs(), reason=f"pins bugs that "
+                                f"{SHIPS_THE_KNOWN_BUGS} ship, this is {vllm_version()}")
 BUDGET = Budget(examples=400, seconds=None, shrink_seconds=60.0)
 GUARD_CHECKERS = ("no_empty_region", "differential", "captured_split")
 
 
-@only_0_33
+@known_bugs
 @pytest.mark.parametrize("k", [2, 3])
 def test_the_fuzzer_finds_the_empty_microbatch_guard_of_vllm_and_shrinks_it(tmp_path, k):
     # Enough requests that every twin is reachable: the guard is what is left to find.
@@ -52,7 +53,7 @@ def test_the_fuzzer_finds_the_empty_microbatch_guard_of_vllm_and_shrinks_it(tmp_
     assert min(tokens) <= last_region_start(graph, k)
 
 
-@only_0_33
+@known_bugs
 def test_the_differential_verdict_shows_vllm_and_the_reference_side_by_side():
     scenario = scenario_from_dict({
         "config": {"sut": "vllm", "release": installed_release().value, "capture_sizes": [32, 64],
@@ -73,7 +74,7 @@ VLLM_SCENARIOS = sorted((Path(__file__).resolve().parents[1] / "scenarios" / "vl
                         .glob("*.json"))
 
 
-@only_0_33
+@known_bugs
 @pytest.mark.parametrize("path", VLLM_SCENARIOS, ids=lambda p: p.stem)
 def test_each_finding_on_vllm_is_caught_and_clean_with_the_harness_deciding(path):
     scenario = on_installed(load_scenario(path))

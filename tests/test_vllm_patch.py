@@ -208,10 +208,17 @@ FAKE_MODULES = {
     "vllm/v1/__init__.py": "", "vllm/v1/worker/__init__.py": "",
     "vllm/v1/worker/gpu/__init__.py": "",
     "vllm/v1/worker/ubatch_utils.py": "def get_num_ubatches(c):\n    return 2\n",
+    # Just the signatures that make it a known API (0.34's, harness/vllm_code/api.py).
     "vllm/v1/worker/gpu/cudagraph_utils.py":
-        "from vllm.v1.worker.ubatch_utils import get_num_ubatches\n",
+        "from vllm.v1.worker.ubatch_utils import get_num_ubatches\n\n\n"
+        "class CudaGraphManager:\n"
+        "    def __init__(self, c, decode_query_lens, decode_request_sizes=None):\n"
+        "        pass\n",
     MODULE: "from vllm.v1.worker.gpu.cudagraph_utils import get_num_ubatches\n\n\n"
-            "def guard(low, g):\n    return 2 * low < g\n",
+            "def guard(low, g):\n    return 2 * low < g\n\n\n"
+            "def dispatch_cg_and_sync_dp(manager, allow_skip_drafts=False):\n    pass\n\n\n"
+            "from dataclasses import dataclass\n\n\n@dataclass\nclass DPSyncState:\n"
+            "    max_query_len: int\n    skip_drafts: bool\n",
 }
 
 

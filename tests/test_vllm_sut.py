@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 
 import pytest
+from vllm_releases import SHIPS_THE_KNOWN_BUGS, ships_the_known_bugs
 
 from harness.batch import RankBatch
 from harness.config import CudaGraphMode, HarnessConfig
@@ -31,8 +32,8 @@ from harness.vllm_sut.step_plan import vllm_decide_on_rank  # noqa: E402
 from harness.vllm_sut.sync import vllm_check_ubatch_thresholds  # noqa: E402
 
 # The bug tests pin what 0.33.0 ships; another release may have fixed them.
-only_0_33 = pytest.mark.skipif(vllm_version() != "0.33.0",
-                               reason=f"pins vllm 0.33.0, this is {vllm_version()}")
+known_bugs = pytest.mark.skipif(not ships_the_known_bugs(), reason=f"pins bugs that "
+                                f"{SHIPS_THE_KNOWN_BUGS} ship, this is {vllm_version()}")
 
 TIMEOUT_S = 2.0
 
@@ -100,7 +101,7 @@ def test_vllm_keeps_the_twins_that_the_reachable_graph_table_drops():
     assert reachable_only <= theirs
 
 
-@only_0_33
+@known_bugs
 def test_vllm_0_33_adds_max_num_seqs_to_the_default_capture_ladder():
     config = config_of(max_num_reqs=100, max_num_batched_tokens=512)
     ours = list(config.cudagraph_capture_sizes)
@@ -227,7 +228,7 @@ def test_vllm_and_the_fixed_reference_agree_wherever_the_guard_variants_agree():
         assert t.state.num_reqs < o.state.num_reqs
 
 
-@only_0_33
+@known_bugs
 def test_vllm_0_33_syncs_the_real_request_count_where_the_harness_syncs_the_graphs():
     # Below the decode threshold: no microbatching, both ranks replay the 32-token graph.
     batches = [decode(20), decode(24)]
@@ -239,7 +240,7 @@ def test_vllm_0_33_syncs_the_real_request_count_where_the_harness_syncs_the_grap
     assert {p.state.num_reqs for p in theirs} == {24}  # the most real requests on a rank
 
 
-@only_0_33
+@known_bugs
 def test_vllm_0_33_replays_a_microbatched_graph_when_the_smallest_rank_fills_exactly_half():
     config = config_of(capture_sizes=(32, 64), max_num_reqs=64)
     batches = [decode(32), decode(64)]
@@ -253,7 +254,7 @@ def test_vllm_0_33_replays_a_microbatched_graph_when_the_smallest_rank_fills_exa
     assert [(r.tokens, r.real_tokens) for r in theirs[0].regions] == [(32, 32), (32, 0)]
 
 
-@only_0_33
+@known_bugs
 def test_vllm_0_33_keeps_the_literal_two_of_the_guard_with_three_microbatches():
     config = config_of(enable_dbo=False, ubatch_size=3, capture_sizes=(96,),
                               max_num_reqs=128, max_num_batched_tokens=128)

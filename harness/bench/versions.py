@@ -1,0 +1,157 @@
+"""The version table (docs/vllm.md §10): the reference search of `fuzz --sut vllm` (and of
+`--exec vllm`), from an empty database and with a fixed budget, against each vLLM it is given,
+and for each known bug family whether it was found as itself, how fast, and its shrunk steps.
+
+A vLLM is an interpreter that imports it (`--python`, default this one) or a checkout
+(`--vllm-src`, over this interpreter's vLLM). Each search is a `python -m harness fuzz ...
+--json` subprocess, bounded by its budget plus a margin, so one version's vLLM never shares a
+process with another's.
+
+    python -m harness.bench.versions --python .venv/bin/python --python /tmp/venv33/bin/python
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+EXEC_WORLD = ("--world", "torchrun", "--nproc", "2")
+
+
+@dataclass(frozen=True)
+class Family:
+    """A known bug family: the search that hunts it and the checkers that name it."""
+
+    name: str
+    flags: tuple[str, ...]
+    caught_by: tuple[str, ...]
+
+
+FAMILIES = (
+    # max_num_reqs 64 makes every twin reachable, so the guard is what is left to find.
+    Family("guard equality (2*min < G, k=2)", ("--sut", "vllm", "--max-num-reqs", "64",
+                                               "--num-ubatches", "2"),
+           ("no_empty_region", "differential")),
+    Family("literal 2 at k=3", ("--sut", "vllm", "--max-num-reqs", "64", "--num-ubatches", "3"),
+           ("no_empty_region", "differential")),
+    Family("unreachable twins", ("--sut", "vllm"), ("graphs_reachable",)),
+    Family("#55586 sibling-failure hang", ("--sut", "vllm", "--exec", "vllm", "--variant",
+                                           "vllm-exec-hang", *EXEC_WORLD), ("liveness",)),
+    Family("#55586 recv_hook crash", ("--sut", "vllm", "--exec", "vllm", "--variant",
+                                      "vllm-exec-crash", *EXEC_WORLD), ("errors",)),
+)
+
+
+@dataclass(frozen=True)
+class Target:
+    """One vLLM to search: an interpreter, and a checkout over its vLLM if given."""
+
+    python: str
+    vllm_src: str | None = None
+
+    def flags(self) -> tuple[str, ...]:
+        return ("--vllm-src", self.vllm_src) if self.vllm_src else ()
+
+
+@dataclass(frozen=True)
+class Cell:
+    target: str  # the vLLM searched, as `fuzz` names it
+    family: str
+    verdict: str  # "found", "found as CHECKER", "not found", or "error: ..."
+    seconds: float | None  # to detection
+    examples: int | None
+    steps: str  # the shrunk scenario's token counts per step, "" when nothing was found
+
+
+def search_command(target: Target, family: Family, seconds: float, seed: int) -> list[str]:
+    return [target.python, "-m", "harness", "fuzz", *family.flags, *target.flags(),
+            "--seconds", str(seconds), "--shrink-seconds", str(seconds), "--no-database",
+            "--hypothesis-seed", str(seed), "--json", "--log", "/dev/null",
+            "--found-dir", str(ROOT / ".harness" / "versions")]
+
+
+def _steps(scenario: dict | None) -> str:
+    if not scenario:
+        return ""
+    return " ".join("[" + ",".join(str(r["tokens"] if isinstance(r, dict) else r)
+                                   for r in step["ranks"]) + "]"
+                    for step in scenario.get("steps", ()))
+
+
+def cell_of(family: Family, returncode: int, stdout: str, stderr: str) -> Cell:
+    """One search's result read from its JSON line; a search that ended otherwise is an
+    error cell naming its last line, never 'not found'."""
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    if returncode not in (0, 1) or not lines:
+        last = (stderr.strip().splitlines() or [f"exit {returncode}"])[-1]
+        return Cell("?", family.name, f"error: {last}", None, None, "")
+    result = json.loads(lines[-1])
+    target = (result.get("vllm") or {}).get("version", "?")
+    if not result["found"]:
+        return Cell(target, family.name, "not found", None, result["examples"], "")
+    checker = result["checker"]
+    verdict = "found" if checker in family.caught_by else f"found as {checker}"
+    return Cell(target, family.name, verdict, result["seconds_to_detection"],
+                result["examples_to_detection"], _steps(result["scenario"]))
+
+
+Runner = Callable[[list[str], float], tuple[int, str, str]]
+
+
+def run_bounded(command: list[str], timeout_s: float) -> tuple[int, str, str]:
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return 124, "", f"the search ran past {timeout_s:.0f} s"
+    return done.returncode, done.stdout, done.stderr
+
+
+def version_table(targets: Sequence[Target], seconds: float, seed: int,
+                  run: Runner = run_bounded) -> list[Cell]:
+    cells = []
+    for target in targets:
+        for family in FAMILIES:
+            # Budget, shrinking and a vLLM import and world start of up to two minutes.
+            code, out, err = run(search_command(target, family, seconds, seed),
+                                 2 * seconds + 180)
+            cells.append(cell_of(family, code, out, err))
+    return cells
+
+
+def print_table(cells: Sequence[Cell]) -> None:
+    width = max(len(c.family) for c in cells)
+    print(f"{'vllm':18} {'bug family':{width}}  {'verdict':28} {'to detection':>14}  shrunk steps")
+    for c in cells:
+        found = "" if c.seconds is None else f"{c.seconds:.1f}s/{c.examples}"
+        print(f"{c.target:18} {c.family:{width}}  {c.verdict:28} {found:>14}  {c.steps}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--python", action="append", default=[],
+                        help="an interpreter whose vllm to search (repeatable; default this one)")
+    parser.add_argument("--vllm-src", action="append", default=[], metavar="DIR",
+                        help="a checkout to search over this interpreter's vLLM (repeatable)")
+    parser.add_argument("--seconds", type=float, default=60.0, help="budget of each search")
+    parser.add_argument("--seed", type=int, default=0, help="the searches' Hypothesis seed")
+    args = parser.parse_args(argv)
+    targets = [Target(p) for p in args.python or ([] if args.vllm_src else [sys.executable])]
+    targets += [Target(sys.executable, src) for src in args.vllm_src]
+    start = time.monotonic()
+    cells = version_table(targets, args.seconds, args.seed)
+    print_table(cells)
+    print(f"\n{len(targets)} vLLM(s), {len(FAMILIES)} families, {args.seconds:.0f} s budget each, "
+          f"seed {args.seed}: {time.monotonic() - start:.0f} s")
+    return 3 if any(c.verdict.startswith("error") for c in cells) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""The version table's cells are read from each search's JSON line; the searches are stood
+in for (no vLLM, no world): a family is found only as itself, and a search that did not end
+with a verdict is an error cell, never 'not found'."""
+
+from __future__ import annotations
+
+import json
+
+from harness.bench.versions import FAMILIES, Target, cell_of, search_command, version_table
+
+GUARD = FAMILIES[0]
+
+
+def line(found: bool, checker: str | None = None, version: str = "0.34.0") -> str:
+    scenario = {"steps": [{"ranks": [{"tokens": 2}, {"tokens": 4}]}, {"ranks": [3, 4]}]}
+    return json.dumps({"found": found, "checker": checker, "examples": 40,
+                       "seconds_to_detection": 1.25 if found else None,
+                       "examples_to_detection": 7 if found else None,
+                       "scenario": scenario if found else None, "vllm": {"version": version}})
+
+
+def test_a_family_found_by_its_own_checker_is_found_with_its_time_and_shrunk_steps():
+    cell = cell_of(GUARD, 1, "noise\n" + line(True, "no_empty_region"), "")
+    assert (cell.target, cell.verdict, cell.seconds, cell.examples, cell.steps) == (
+        "0.34.0", "found", 1.25, 7, "[2,4] [3,4]")
+
+
+def test_a_family_found_by_another_checker_is_a_miss_that_names_it():
+    cell = cell_of(GUARD, 1, line(True, "graphs_reachable"), "")
+    assert cell.verdict == "found as graphs_reachable"
+
+
+def test_a_clean_search_is_not_found_and_a_broken_one_is_an_error():
+    assert cell_of(GUARD, 0, line(False), "").verdict == "not found"
+    broken = cell_of(GUARD, 3, "", "warning\nerror: vllm: vllm 9.9 has an API ...")
+    assert broken.verdict == "error: error: vllm: vllm 9.9 has an API ..."
+    assert cell_of(GUARD, 0, "", "").verdict.startswith("error")  # exit 0 with no verdict
+
+
+def test_every_family_is_searched_on_every_target_with_its_own_flags():
+    ran = []
+
+    def fake(command, timeout_s):
+        ran.append((command, timeout_s))
+        return 0, line(False, version=command[0]), ""
+
+    targets = [Target("py-a"), Target("py-b", "/src/vllm")]
+    cells = version_table(targets, 30.0, 5, run=fake)
+    assert len(cells) == len(ran) == 2 * len(FAMILIES)
+    assert [c.target for c in cells] == ["py-a"] * len(FAMILIES) + ["py-b"] * len(FAMILIES)
+    for (command, timeout_s), family in zip(ran, FAMILIES * 2, strict=True):
+        assert command[1:4] == ["-m", "harness", "fuzz"]
+        assert all(flag in command for flag in family.flags)
+        assert "--no-database" in command and command[command.index("--seconds") + 1] == "30.0"
+        assert timeout_s > 60.0
+    assert ran[-1][0][ran[-1][0].index("--vllm-src") + 1] == "/src/vllm"
+    assert search_command(Target("py"), GUARD, 10.0, 1)[0] == "py"
