@@ -35,6 +35,7 @@ from harness.bug_switches import (
 )
 from harness.config_values import parse_enum
 from harness.errors import ConfigError
+from harness.vllm_code.release import Release
 from harness.vllm_code.source import VllmPatch, parse_patches
 
 
@@ -79,18 +80,6 @@ class All2AllBackend(enum.Enum):
 
     LOW_LATENCY = "deepep_low_latency"  # async send, receive as a hook run by the next ubatch
     HIGH_THROUGHPUT = "deepep_high_throughput"  # yield first, then a blocking all-to-all
-
-
-class Release(enum.Enum):
-    """Which vLLM release's DBO the miniature models (docs/spec.md §2.6): the newest is the
-    default; under vLLM's own code it is the release that code's API is (harness/vllm_code)."""
-
-    V0_33 = "0.33"  # one token-keyed table for every batch
-    V0_34 = "0.34"  # decode graphs keyed by request count, looked up first
-
-    @property
-    def request_keyed_decode(self) -> bool:
-        return self is Release.V0_34
 
 
 class DecisionSystem(enum.Enum):

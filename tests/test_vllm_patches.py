@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from vllm_releases import SHIPS_THE_KNOWN_BUGS, release_patch, ships_the_known_bugs
 
 from harness.check.exhaustive import explore
 from harness.check.judge import judge
@@ -19,7 +20,7 @@ from harness.fuzz.engine import FUZZ_TIMEOUTS, Budget, fuzz
 from harness.fuzz.variants import SUT_VARIANTS
 from harness.scenario import load_scenario, scenario_from_dict
 from harness.sut.thresholds import last_region_start
-from harness.vllm_code.source import VllmPatch, content_hash, read_patch
+from harness.vllm_code.source import VllmPatch, content_hash
 from harness.vllm_sut.available import (
     installed_release,
     on_installed,
@@ -31,13 +32,11 @@ from harness.world.sim.world import SimWorld
 if vllm_version() is None:
     pytest.skip(unavailable_reason(), allow_module_level=True)
 
-only_0_33 = pytest.mark.skipif(vllm_version() != "0.33.0",
-                               reason=f"the patches are against vllm 0.33.0, this is "
-                               f"{vllm_version()}")
+known_bugs = pytest.mark.skipif(not ships_the_known_bugs(), reason=f"the guard the patches "
+                                f"fix is {SHIPS_THE_KNOWN_BUGS}'s, this is {vllm_version()}")
 ROOT = Path(__file__).resolve().parents[1]
-PATCHES = ROOT / "scenarios" / "vllm" / "patches"
-INCLUSIVE = read_patch(PATCHES / "pr57020-inclusive.diff")
-LAST_REGION = read_patch(PATCHES / "last-region-start.diff")
+INCLUSIVE = release_patch("pr57020-inclusive.diff")
+LAST_REGION = release_patch("last-region-start.diff")
 # One budget for every cell, the same that finds the unpatched guard at k = 4 below and the
 # inclusive guard's k = 3 miss: a clean cell is clean where a bug would have been found.
 BUDGET = Budget(examples=100, seconds=None, shrink_seconds=60.0)
@@ -59,13 +58,13 @@ def last_step_tokens_and_graph(outcome) -> tuple[list[int], int]:
     return tokens, graph
 
 
-@only_0_33
+@known_bugs
 def test_the_budget_finds_the_unpatched_guard_at_four_microbatches(tmp_path):
     outcome = fuzz_vllm(tmp_path, 4, ())
     assert outcome.found and outcome.checker in GUARD_CHECKERS, outcome.note
 
 
-@only_0_33
+@known_bugs
 @pytest.mark.parametrize("k, patch", [(2, INCLUSIVE), (2, LAST_REGION), (3, LAST_REGION),
                                       (4, LAST_REGION)], ids=lambda v: getattr(v, "name", v))
 def test_a_fix_leaves_its_configs_clean_within_the_budget(tmp_path, k, patch):
@@ -74,7 +73,7 @@ def test_a_fix_leaves_its_configs_clean_within_the_budget(tmp_path, k, patch):
     assert outcome.examples >= 50, outcome.note  # the budget was spent searching
 
 
-@only_0_33
+@known_bugs
 def test_the_inclusive_guard_still_leaves_three_microbatches_empty_shrunk_to_the_edge(
         tmp_path):
     outcome = fuzz_vllm(tmp_path, 3, (INCLUSIVE,))
@@ -99,7 +98,7 @@ def exhaustive(patches: tuple[VllmPatch, ...], dp: int, k: int, tokens: int):
 
 # The full bounds (512 tokens at DP 2, 96 at DP 3) take 5 and 10 minutes here (one vLLM sync
 # per rank per vector): `make test-vllm` runs them, the fast suite keeps to a sixth of that.
-@only_0_33
+@known_bugs
 @pytest.mark.parametrize("dp, k, tokens", [
     (2, 2, 128), (3, 3, 36),
     pytest.param(2, 2, 512, marks=pytest.mark.slow), pytest.param(3, 3, 96, marks=pytest.mark.slow),
@@ -109,7 +108,7 @@ def test_the_exhaustive_mode_finds_nothing_with_the_last_region_guard(dp, k, tok
     assert result.ok, result.counterexamples
 
 
-@only_0_33
+@known_bugs
 @pytest.mark.parametrize("patches, k", [((), 2), ((INCLUSIVE,), 3)], ids=["none", "pr57020"])
 def test_the_exhaustive_mode_finds_the_guard_the_patch_leaves(patches, k):
     result = exhaustive(patches, 3, k, 24)
@@ -131,7 +130,7 @@ def guard_scenario(tokens: list[int], patch: VllmPatch):
         "steps": [{"ranks": tokens}]})
 
 
-@only_0_33
+@known_bugs
 def test_the_differential_against_base_names_a_decision_the_fix_was_not_meant_to_change():
     # Over-reaching: this guard also sends [3, 4] on a 4-token graph to eager, which the
     # unpatched vLLM (and the reference) replay as a microbatched graph.
@@ -150,17 +149,17 @@ def test_the_differential_against_base_names_a_decision_the_fix_was_not_meant_to
     assert "changed where the base vllm was wrong" in step["differential_base"].detail
 
 
-@only_0_33
+@known_bugs
 def test_every_torchrun_rank_process_runs_the_patched_code(capsys):
     scenario = str(ROOT / "scenarios" / "vllm" / "guard-half-graph-k2.json")
     assert main(["run", "--scenario", scenario, "--world", "torchrun"]) == 1
     assert main(["run", "--scenario", scenario, "--world", "torchrun",
-                 "--vllm-patch", str(PATCHES / "pr57020-inclusive.diff")]) == 0
+                 "--vllm-patch", INCLUSIVE.path]) == 0
     out = capsys.readouterr().out
     assert "patched with pr57020-inclusive.diff" in out and "all checkers hold" in out
 
 
-@only_0_33
+@known_bugs
 def test_a_checkout_given_by_vllm_src_decides_and_is_named_with_its_commit(tmp_path, capsys):
     installed = Path(vllm_version.__globals__["importlib"].util.find_spec("vllm").origin).parent
     for rel in ("v1/worker/ubatch_utils.py", "v1/worker/gpu/cudagraph_utils.py",
@@ -181,7 +180,7 @@ def test_a_checkout_given_by_vllm_src_decides_and_is_named_with_its_commit(tmp_p
     assert f"at {tmp_path}, git {'cd' * 6}" in out and "eager-microbatched" in out
 
 
-@only_0_33
+@known_bugs
 def test_a_stale_patch_is_one_line_and_exit_2(tmp_path, capsys):
     stale = tmp_path / "stale.diff"
     stale.write_text(INCLUSIVE.diff.replace(" num_active_loras=num_active_loras,",

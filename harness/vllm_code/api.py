@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import ModuleType
 
-from harness.config_parts import Release
 from harness.errors import HarnessCannot
+from harness.vllm_code.release import Release
 
 
 @dataclass(frozen=True)

@@ -175,8 +175,10 @@ class _StandIns(abc.ABC):
         """vLLM's `current_stream()`: the calling thread's current stream."""
 
     @abc.abstractmethod
-    def graph_capture(self, device: Any = None) -> contextlib.AbstractContextManager:
-        """vLLM's `graph_capture` context, without its distributed groups."""
+    def graph_capture(self, device: Any = None,
+                      stream: Any = None) -> contextlib.AbstractContextManager:
+        """vLLM's `graph_capture` context, without its distributed groups; 0.34 passes the
+        stream of an earlier capture to capture on it again (None: a fresh one)."""
 
     @abc.abstractmethod
     def is_empty(self, graph: Any) -> bool | None:
@@ -260,10 +262,10 @@ class CpuStandIns(_StandIns):
         return self.streams.current_stream()
 
     @contextlib.contextmanager
-    def graph_capture(self, device: Any = None) -> Iterator[SimpleNamespace]:
-        """A fresh non-default stream is current for the capture (graphs that are not split
-        are captured on it)."""
-        stream = self.streams.new_stream("vllm-graph-capture")
+    def graph_capture(self, device: Any = None, stream: Any = None) -> Iterator[SimpleNamespace]:
+        """A fresh non-default stream (or the one given) is current for the capture (graphs
+        that are not split are captured on it)."""
+        stream = stream or self.streams.new_stream("vllm-graph-capture")
         with self.streams.use(stream):
             yield SimpleNamespace(stream=stream)
 
@@ -365,11 +367,12 @@ class CudaStandIns(_StandIns):
         return torch.cuda.current_stream()
 
     @contextlib.contextmanager
-    def graph_capture(self, device: Any = None) -> Iterator[SimpleNamespace]:
-        """A fresh stream, ordered after the current one's work, is current for the capture
-        (the default stream cannot be captured on)."""
-        stream = torch.cuda.Stream(device=self.device)
-        self.name_stream(stream, "vllm-graph-capture")
+    def graph_capture(self, device: Any = None, stream: Any = None) -> Iterator[SimpleNamespace]:
+        """A fresh stream (or the one given), ordered after the current one's work, is current
+        for the capture (the default stream cannot be captured on)."""
+        if stream is None:
+            stream = torch.cuda.Stream(device=self.device)
+            self.name_stream(stream, "vllm-graph-capture")
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             yield SimpleNamespace(stream=stream)

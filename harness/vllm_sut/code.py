@@ -23,10 +23,10 @@ from pathlib import Path
 from types import ModuleType
 
 from harness.config import HarnessConfig
-from harness.config_parts import Release
 from harness.errors import ConfigError
 from harness.vllm_code.api import detect_api
 from harness.vllm_code.identity import VllmIdentity, git_commit, tree_version
+from harness.vllm_code.release import Release
 from harness.vllm_code.source import VllmPatch, module_name, patched_files
 
 # What the decision adapter calls into, in import order (each imports the ones before it).

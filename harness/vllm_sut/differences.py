@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.config_parts import Release
 from harness.history.decision import DpSyncState
+from harness.vllm_code.release import Release
 
 
 def graph_manager_args(api: Release, vllm_config: Any, decode_query_len: int) -> dict[str, Any]:

@@ -1,0 +1,15 @@
+"""The vLLM releases the harness knows, newest last (docs/vllm.md §9)."""
+
+import enum
+
+
+class Release(enum.Enum):
+    """Which vLLM release's DBO the miniature models (docs/spec.md §2.6), and which release's
+    API a vLLM tree has (harness/vllm_code/api.py)."""
+
+    V0_33 = "0.33"  # one token-keyed table for every batch
+    V0_34 = "0.34"  # decode graphs keyed by request count, looked up first
+
+    @property
+    def request_keyed_decode(self) -> bool:
+        return self is Release.V0_34
