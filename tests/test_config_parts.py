@@ -38,7 +38,7 @@ WIRE_FIELDS = {
     "differential_against_base", "capture_key", "eager_slices", "a2a_buffers", "ubatch_vote",
     "dummy_padding", "query_len_bound", "switch_to_compute", "single_rank_gpu_world",
     "continuation", "lookback_refresh", "idle_step", "dummy_execution", "draft_sync_state",
-    "replay_tag", "ids_gather_wait", "staging_restore", "staging_vote"}
+    "replay_tag", "ids_gather_wait", "staging_restore", "staging_vote", "release"}
 
 # Values for the mutation fields a variant draws per example rather than plants.
 DRAWN_MUTATION = {"threshold_offset_rank": 1, "threshold_offset": 4}

@@ -78,14 +78,23 @@ def test_a_config_without_drafts_writes_none_of_their_fields():
 
 # -- graph table and dispatch ---------------------------------------------------------------
 
-def test_varlen_decode_graphs_replace_the_uniform_ones_up_to_the_decode_limit():
-    varlen = [d.label() for d in GraphTable.build(drafts(max_num_reqs=4)).descriptors]
-    assert varlen == ["FULL/8tok/4req/mql3", "PIECEWISE/8tok", "PIECEWISE/16tok"]
+@pytest.mark.parametrize("release, varlen_graphs", [
+    # 0.33: one varlen graph per capture size up to max_num_reqs * q = 12 tokens.
+    ("0.33", ["FULL/8tok/4req/mql3"]),
+    # 0.34: its own token grid up to the widest decode graph, 3 requests x 3 tokens.
+    ("0.34", ["FULL/1tok/1req/mql3", "FULL/2tok/2req/mql3", "FULL/4tok/4req/mql3",
+              "FULL/8tok/4req/mql3", "FULL/9tok/4req/mql3"])])
+def test_varlen_decode_graphs_replace_the_uniform_ones_up_to_the_decode_limit(release,
+                                                                            varlen_graphs):
+    varlen = [d.label() for d in GraphTable.build(drafts(max_num_reqs=4,
+                                                         release=release)).descriptors]
+    assert varlen == [*varlen_graphs, "PIECEWISE/8tok", "PIECEWISE/16tok"]
     uniform = [d.label() for d in GraphTable.build(
-        drafts(max_num_reqs=4, varlen_decode=False)).descriptors]
+        drafts(max_num_reqs=4, varlen_decode=False, release=release)).descriptors]
     assert uniform == ["FULL/9tok/3req/uct3", "PIECEWISE/8tok", "PIECEWISE/16tok"]
     # The spec's plain statement of the table builds the same descriptors.
-    for config in (drafts(max_num_reqs=4), drafts(max_num_reqs=4, varlen_decode=False)):
+    for config in (drafts(max_num_reqs=4, release=release),
+                   drafts(max_num_reqs=4, varlen_decode=False, release=release)):
         assert graph_table(config, 0) == list(GraphTable.build(config).descriptors)
 
 
@@ -185,19 +194,24 @@ def test_a_skip_drafts_vote_that_is_not_a_boolean_is_refused_naming_the_field():
     assert error.value.field == "steps[0].ranks[0].allow_skip_drafts"
 
 
-def test_varlen_decode_graphs_replay_mixed_decode_lengths_correctly_on_the_sim_world():
-    # Step 0 has a prefill (PIECEWISE for both), steps 1-2 replay the varlen graphs of 8 and
-    # 16 tokens, padded to their requests; every checker holds, the reference rows included.
+@pytest.mark.parametrize("release, last_step", [
+    ("0.33", ["FULL/16tok/8req/mql3"] * 2),
+    # 0.34's varlen graphs end at 9 tokens here (3 requests x 3): 11 tokens run PIECEWISE.
+    ("0.34", [None, None])])
+def test_varlen_decode_graphs_replay_mixed_decode_lengths_correctly_on_the_sim_world(
+        release, last_step):
+    # Step 0 has a prefill (PIECEWISE for both), step 1 replays the 8-token varlen graph and
+    # step 2 the 16-token one (0.33), padded to their requests; every checker holds, the
+    # reference rows included.
     steps = (((1, 3, 2), (5, 1)), ((1, 3, 2), (2, 1, 3)), ((3, 1, 1, 2, 3, 1), (1, 1)))
-    scenario = Scenario(drafts(), tuple((RankBatch.from_query_lens(a),
+    scenario = Scenario(drafts(release=release), tuple((RankBatch.from_query_lens(a),
                                          RankBatch.from_query_lens(b, allow_skip_drafts=True))
                                         for a, b in steps))
     with SimWorld(2, FUZZ_TIMEOUTS) as world:
         result = judge(world.run(scenario))
     assert result.ok, result.failed_verdicts()
     replayed = [[r.replayed for r in step.records] for step in result.steps]
-    assert replayed == [[None, None], ["FULL/8tok/8req/mql3"] * 2,
-                        ["FULL/16tok/8req/mql3"] * 2]
+    assert replayed == [[None, None], ["FULL/8tok/8req/mql3"] * 2, last_step]
 
 
 def test_the_rank_local_bound_scenario_names_agreement_and_is_clean_in_the_reference():

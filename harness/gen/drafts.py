@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from harness.batch import dummy_query_lens
 from harness.config import HarnessConfig
+from harness.spec.decision import graph_table
 
 DRAFT_LAYOUTS = ("varlen", "uniform", "prefill")
 DECODE_LAYOUTS = ("varlen", "uniform")
@@ -48,12 +49,12 @@ def draft_layout(config: HarnessConfig, n: int, layout: str, draw) -> tuple[int,
 @st.composite
 def decode_beside_prefill(draw, config: HarnessConfig) -> list[tuple[int, str]]:
     """Per rank a token count and a layout: a prefill on some ranks, decodes of 1..q tokens
-    on the others, every rank within one capture size that a varlen decode graph can hold
-    (s <= max_num_reqs * q). There the synced bound is none and must keep the decode ranks
-    out of the varlen graph (§1.6). Empty where the config leaves no such step."""
+    on the others, every rank within the tokens of one varlen decode graph wider than a
+    decode (the config's release says which: §1.6, §2.6). There the synced bound is none and
+    must keep the decode ranks out of the varlen graph. Empty where the config leaves none."""
     q, dp = config.serving.decode_query_len, config.serving.dp_size
-    sizes = [s for s in config.cudagraph_capture_sizes
-             if q < s <= config.serving.max_num_reqs * q]
+    sizes = sorted({d.num_tokens for d in graph_table(config, 0)
+                    if d.max_query_len is not None and d.num_tokens > q})
     if dp < 2 or q < 2 or not sizes:
         return []
     top = draw(st.sampled_from(sizes))
