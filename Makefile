@@ -42,7 +42,7 @@ redis:
 		>/dev/null 2>&1 || echo "redis-server could not be installed here: Redis tests will skip"
 
 test: $(ENV_STAMP) redis
-	$(PYTHON) -m pytest -q -n $(PYTEST_WORKERS) -m "not slow and not gpu" tests
+	$(PYTHON) -m pytest -q -rs -n $(PYTEST_WORKERS) -m "not slow and not gpu" tests
 
 # The distributed suite on an NPROC-rank torchrun world: every regression scenario, a
 # Hypothesis pass over DP skew, the fault tests; ends with a table of every scenario run.
@@ -60,7 +60,7 @@ ifneq ($(NODE_RANK),0)
 	$(PYTHON) -m harness.world.node --nnodes $(NNODES) --node-rank $(NODE_RANK) \
 		--rdzv-endpoint $(RDZV) --nproc $(NPROC)
 else
-	$(PYTHON) -m pytest -q -m dist --world torchrun --nproc $(NPROC) --backend $(BACKEND) \
+	$(PYTHON) -m pytest -q -rs -m dist --world torchrun --nproc $(NPROC) --backend $(BACKEND) \
 		$(if $(and $(filter gloo,$(BACKEND)),$(filter 1,$(NNODES))),-n $(DIST_WORKERS) --dist worksteal) \
 		$(if $(DEVICE),--device $(DEVICE)) $(if $(filter-out 1,$(NNODES)),--nnodes $(NNODES) \
 		$(if $(RDZV),--rdzv-endpoint $(RDZV))) tests

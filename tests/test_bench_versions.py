@@ -12,7 +12,8 @@ GUARD = FAMILIES[0]
 
 
 def line(found: bool, checker: str | None = None, version: str = "0.34.0") -> str:
-    scenario = {"steps": [{"ranks": [{"tokens": 2}, {"tokens": 4}]}, {"ranks": [3, 4]}]}
+    scenario = {"steps": [{"ranks": [{"tokens": 2}, {"query_lens": [3, 1]}]},
+                          {"ranks": [3, 4]}]}
     return json.dumps({"found": found, "checker": checker, "examples": 40,
                        "seconds_to_detection": 1.25 if found else None,
                        "examples_to_detection": 7 if found else None,

@@ -77,11 +77,18 @@ def search_command(target: Target, family: Family, seconds: float, seed: int) ->
             "--found-dir", str(ROOT / ".harness" / "versions")]
 
 
+def _tokens(rank: int | dict) -> int:
+    """A rank's token count in a scenario file: a bare count, {"tokens": n} or its requests'
+    query lengths (harness/scenario.py)."""
+    if isinstance(rank, int):
+        return rank
+    return rank["tokens"] if "tokens" in rank else sum(rank.get("query_lens", ()))
+
+
 def _steps(scenario: dict | None) -> str:
     if not scenario:
         return ""
-    return " ".join("[" + ",".join(str(r["tokens"] if isinstance(r, dict) else r)
-                                   for r in step["ranks"]) + "]"
+    return " ".join("[" + ",".join(str(_tokens(r)) for r in step["ranks"]) + "]"
                     for step in scenario.get("steps", ()))
 
 
