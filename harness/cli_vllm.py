@@ -62,7 +62,7 @@ def vllm_fields(args: argparse.Namespace, sut: str | None = None,
         check_vllm_code(args.vllm_src, group)
     fields = {"vllm_src": args.vllm_src, "vllm_patches": patches,
               "differential_against_base": differential,
-              "release": release_of(args.vllm_src, patches).value}
+              "release": release_of(args.vllm_src).value}
     if sut == "vllm":
         fields["sut"] = "vllm"
     if executes:
@@ -70,12 +70,13 @@ def vllm_fields(args: argparse.Namespace, sut: str | None = None,
     return fields
 
 
-def release_of(vllm_src: str | None, patches: tuple[VllmPatch, ...]) -> Release:
-    """The release whose API the vLLM code has: the miniature and the spec model that one,
-    so that the reference a vLLM decision is held to is its own release's."""
+def release_of(vllm_src: str | None) -> Release:
+    """The release whose API the vLLM tree has (patches, which the matrix applies one at a
+    time, do not change it): the miniature and the spec model that one, so that the reference
+    a vLLM decision is held to is its own release's."""
     from harness.vllm_sut.code import CodeKey, code_for
 
-    return code_for(CodeKey(vllm_src, patches)).api
+    return code_for(CodeKey(vllm_src)).api
 
 
 def check_vllm_code(vllm_src: str | None, patches: tuple[VllmPatch, ...]) -> None:
@@ -158,7 +159,7 @@ def scenario_with_vllm_code(scenario: Scenario, args: argparse.Namespace) -> tup
     if src != config.system.vllm_src and config.system.vllm_src is not None:
         note = f"note: the scenario recorded --vllm-src {config.system.vllm_src}; running {src}"
     check_vllm_code(src, patches)
-    release = release_of(src, patches)
+    release = release_of(src)
     if release is not config.serving.release:
         note = "; ".join(n for n in (note, f"note: the scenario modelled vLLM "
                                      f"{config.serving.release.value}; the vLLM under test "

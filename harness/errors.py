@@ -34,4 +34,3 @@ class ErrorOrigin(enum.Enum):
     HANG = "hang"  # a microbatch or a rank never got its turn back within its deadline
     ABORTED = "aborted"  # a microbatch stopped because its sibling failed
     RAISED = "raised"  # the system under test raised an error of its own
-

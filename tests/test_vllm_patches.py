@@ -7,6 +7,7 @@ Skipped where vLLM does not import (`make test-vllm` installs it)."""
 from __future__ import annotations
 
 import shutil
+from argparse import Namespace
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,9 @@ from vllm_releases import SHIPS_THE_KNOWN_BUGS, release_patch, ships_the_known_b
 from harness.check.exhaustive import explore
 from harness.check.judge import judge
 from harness.cli import main
+from harness.cli_vllm import vllm_fields
 from harness.config import HarnessConfig, ubatching_fields
+from harness.errors import ConfigError
 from harness.fuzz.engine import FUZZ_TIMEOUTS, Budget, fuzz
 from harness.fuzz.variants import SUT_VARIANTS
 from harness.scenario import load_scenario, scenario_from_dict
@@ -192,3 +195,14 @@ def test_a_stale_patch_is_one_line_and_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "stale.diff: hunk 1 of vllm/v1/worker/gpu/dp_utils.py" in err
     assert err.count("\n") == 1
+
+
+def test_the_matrix_reads_the_release_of_the_tree_not_of_its_patches_stacked():
+    # Both patches rewrite the guard's line: stacked, the second no longer applies. The matrix
+    # applies each alone, and the release is the tree's.
+    args = Namespace(sut="vllm", vllm_patch=[INCLUSIVE.path, LAST_REGION.path], vllm_src=None,
+                     differential_against=None, execution="harness")
+    fields = vllm_fields(args, "vllm", each_alone=True)
+    assert fields["release"] == installed_release().value
+    with pytest.raises(ConfigError):
+        vllm_fields(args, "vllm")  # stacked, as run and fuzz take them, they do not apply

@@ -158,6 +158,7 @@ def _write_matrix(cells: list[MatrixCell], rows, out, vllm: dict, budget_text: s
     """matrix.md, matrix.png and matrix.json under `out`; the table (or the JSON) printed."""
     tested = tested_vllm(HarnessConfig.of(**vllm)).removeprefix("vllm under test: ")
     markdown = matrix_markdown(cells, f"vllm under test: {tested}", budget_text)
+    out.mkdir(parents=True, exist_ok=True)  # checked creatable before the search (output_dir)
     (out / "matrix.md").write_text(markdown)
     matrix_png(cells, out / "matrix.png", f"{tested}\n{budget_text}")
     data = {"vllm": tested_vllm_json(HarnessConfig.of(**vllm)),

@@ -78,8 +78,9 @@ def _candidates_by_tokens(config: HarnessConfig, rank: int) -> list[GraphDescrip
                 add(desc, dedupe=True)
                 add(ubatch_twin(config, desc, threshold), dedupe=True)
         if mixed_mode is not CudaGraphMode.NONE:
-            add(_mixed(config, mixed_mode, size), dedupe=False)
-            add(ubatch_twin(config, _mixed(config, mixed_mode, size), threshold), dedupe=False)
+            mixed = _mixed(config, mixed_mode, size)
+            add(mixed, dedupe=False)
+            add(ubatch_twin(config, mixed, threshold), dedupe=False)
     return out
 
 
