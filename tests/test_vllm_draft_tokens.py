@@ -10,7 +10,7 @@ import itertools
 import time
 
 import pytest
-from vllm_releases import SHIPS_THE_KNOWN_BUGS, release_patch, ships_the_known_bugs
+from vllm_releases import SHIPS_THE_KNOWN_BUGS, config_of, release_patch, ships_the_known_bugs
 
 from harness.batch import RankBatch
 from harness.config import HarnessConfig
@@ -18,7 +18,6 @@ from harness.fuzz.engine import FUZZ_TIMEOUTS, Budget, fuzz
 from harness.fuzz.variants import SUT_VARIANTS
 from harness.sut.graph_table import GraphTable
 from harness.sut.step_plan import plan_without_world
-from harness.vllm_sut.available import config_for_installed as config_of
 from harness.vllm_sut.available import installed_release, unavailable_reason, vllm_version
 from harness.world.sim.world import SimWorld
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from vllm_releases import SHIPS_THE_KNOWN_BUGS, release_patch, ships_the_known_bugs
+from vllm_releases import SHIPS_THE_KNOWN_BUGS, on_installed, release_patch, ships_the_known_bugs
 
 from harness.check.judge import judge
 from harness.check.verdict import Outcome
@@ -22,7 +22,7 @@ from harness.config import HarnessConfig
 from harness.errors import ConfigError
 from harness.scenario import load_scenario, scenario_from_dict
 from harness.timeouts import Timeouts
-from harness.vllm_sut.available import on_installed, unavailable_reason, vllm_version
+from harness.vllm_sut.available import unavailable_reason, vllm_version
 from harness.world.torchrun.world import TorchrunWorld
 
 if vllm_version() is None:

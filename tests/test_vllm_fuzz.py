@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from vllm_releases import SHIPS_THE_KNOWN_BUGS, ships_the_known_bugs
+from vllm_releases import SHIPS_THE_KNOWN_BUGS, on_installed, ships_the_known_bugs
 
 from harness.check.judge import judge
 from harness.fuzz.engine import FUZZ_TIMEOUTS, Budget, fuzz
@@ -17,7 +17,6 @@ from harness.scenario import load_scenario, scenario_from_dict
 from harness.sut.thresholds import last_region_start
 from harness.vllm_sut.available import (
     installed_release,
-    on_installed,
     unavailable_reason,
     vllm_version,
 )

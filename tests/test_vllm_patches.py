@@ -11,7 +11,7 @@ from argparse import Namespace
 from pathlib import Path
 
 import pytest
-from vllm_releases import SHIPS_THE_KNOWN_BUGS, release_patch, ships_the_known_bugs
+from vllm_releases import SHIPS_THE_KNOWN_BUGS, on_installed, release_patch, ships_the_known_bugs
 
 from harness.check.exhaustive import explore
 from harness.check.judge import judge
@@ -26,7 +26,6 @@ from harness.sut.thresholds import last_region_start
 from harness.vllm_code.source import VllmPatch, content_hash
 from harness.vllm_sut.available import (
     installed_release,
-    on_installed,
     unavailable_reason,
     vllm_version,
 )

@@ -9,13 +9,12 @@ from __future__ import annotations
 import difflib
 
 import pytest
-from vllm_releases import SHIPS_THE_KNOWN_BUGS, ships_the_known_bugs
+from vllm_releases import SHIPS_THE_KNOWN_BUGS, config_of, ships_the_known_bugs
 
 from harness.batch import RankBatch
 from harness.config import CudaGraphMode, HarnessConfig
 from harness.sut.graph_table import GraphTable
 from harness.sut.step_plan import decide_on_rank
-from harness.vllm_sut.available import config_for_installed as config_of
 from harness.vllm_sut.available import unavailable_reason, vllm_version
 from harness.world.sim.threads import ThreadWorld
 

@@ -1,13 +1,16 @@
 """What the vLLM tests need to know of the releases: which of them still ship the bugs a test
 pins, and the project's patches written against each (scenarios/vllm/patches/, one folder a
-release after 0.33.0)."""
+release after 0.33.0), and configs and scenarios modelling the installed release."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
+from harness.config import HarnessConfig
+from harness.scenario import Scenario
 from harness.vllm_code.source import VllmPatch, read_patch
-from harness.vllm_sut.available import vllm_version
+from harness.vllm_sut.available import installed_release, vllm_version
 
 PATCHES = Path(__file__).resolve().parents[1] / "scenarios" / "vllm" / "patches"
 # dp_utils' guard `2 * min < G` and ubatching.py (#55586's hang and crash) are the same in both.
@@ -23,3 +26,15 @@ def release_patch(name: str) -> VllmPatch:
     minor = ".".join((vllm_version() or "").split(".")[:2])
     rebased = PATCHES / minor / name
     return read_patch(rebased if rebased.is_file() else PATCHES / name)
+
+
+def config_of(**flat) -> HarnessConfig:
+    """HarnessConfig.of(**flat) modelling the installed vLLM's release, as the command line
+    does for every config that runs vLLM's code (harness.cli_vllm.vllm_fields)."""
+    return HarnessConfig.of(**{"release": installed_release().value, **flat})
+
+
+def on_installed(scenario: Scenario) -> Scenario:
+    """The scenario modelling the installed vLLM's release (what `run --scenario` does)."""
+    return replace(scenario, config=scenario.config.with_changes(
+        release=installed_release().value))

@@ -43,18 +43,3 @@ def installed_release():
 
     return code_for(CodeKey()).api
 
-
-def config_for_installed(**flat):
-    """HarnessConfig.of(**flat) modelling the installed vLLM's release, as the command line
-    does for every config that runs vLLM's code (harness.cli_vllm.vllm_fields)."""
-    from harness.config import HarnessConfig
-
-    return HarnessConfig.of(**{"release": installed_release().value, **flat})
-
-
-def on_installed(scenario):
-    """The scenario modelling the installed vLLM's release (what `run --scenario` does)."""
-    from dataclasses import replace
-
-    return replace(scenario, config=scenario.config.with_changes(
-        release=installed_release().value))
