@@ -71,6 +71,19 @@ def test_an_unexplained_error_fails_and_a_timed_out_peer_of_a_fault_passes():
     assert not check_errors([replace(recs[0], error=hang, injected_fault=True), recs[1]]).ok
 
 
+def test_errors_says_contained_only_where_a_fault_was_injected():
+    recs = records()
+    timed_out = replace(recs[0], error=StepError("CollectiveTimeout", "", None, TIMEOUT))
+    waited = check_errors([timed_out, None])  # rank 1 went silent; nothing was injected
+    assert waited.ok and "injected fault contained" not in waited.detail
+    assert waited.detail == ("no rank reports an injected fault; ranks [1] never reported "
+                             "(liveness judges them), and the others only waited on them: "
+                             "rank 0 CollectiveTimeout")
+    faulted = check_errors([replace(recs[0], error=NAMED, injected_fault=True), None])
+    assert faulted.detail == f"injected fault contained: rank 0 {NAMED.kind}"
+    assert check_errors(recs).detail == ""  # nothing failed, nothing to contain
+
+
 def test_a_fault_is_named_only_by_the_fault_or_the_microbatch_it_broke():
     recs = records()
     peer = replace(recs[1], error=StepError("CollectiveTimeout", "", None, TIMEOUT))

@@ -86,8 +86,11 @@ def test_each_skew_shape_is_drawn(shape, holds):
 
 @given(fuzz_configs({"guard": "merged", "capture_sizes": [24], "dp_size": 3}))
 def test_pinned_fields_are_kept_and_the_rest_is_drawn_legal(config):
-    assert (config.mutation.guard.value, config.cudagraph_capture_sizes or (24,),
+    assert (config.mutation.guard.value, config.serving.capture_sizes,
             config.serving.dp_size) == ("merged", (24,), 3)
+    # The pinned size is the one graph captured, except where the drawn mode captures none.
+    captures = config.serving.cudagraph_mode is not CudaGraphMode.NONE
+    assert config.cudagraph_capture_sizes == ((24,) if captures else ())
     assert config.serving.decode_threshold >= config.num_ubatches
 
 

@@ -24,8 +24,8 @@ from harness.world.sim.world import SimWorld
 if vllm_version() is None:
     pytest.skip(unavailable_reason(), allow_module_level=True)
 
-from harness.vllm_sut.candidates import vllm_capture_order, vllm_dispatch  # noqa: E402
-from harness.vllm_sut.offline import vllm_plans_without_world  # noqa: E402
+from harness.vllm_sut.candidates import vllm_capture_order, vllm_dispatch
+from harness.vllm_sut.offline import vllm_plans_without_world
 
 known_bugs = pytest.mark.skipif(not ships_the_known_bugs(), reason=f"pins bugs that "
                                 f"{SHIPS_THE_KNOWN_BUGS} ship, this is {vllm_version()}")

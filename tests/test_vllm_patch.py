@@ -17,7 +17,7 @@ from harness.config import HarnessConfig
 from harness.errors import ConfigError
 from harness.scenario import scenario_from_dict
 from harness.vllm_code.identity import git_commit
-from harness.vllm_code.patch import PatchError, apply_file_patch, parse_diff
+from harness.vllm_code.patch import MAX_OFFSET, PatchError, apply_file_patch, parse_diff
 from harness.vllm_code.source import VllmPatch, content_hash, patched_files, read_patch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,10 +55,53 @@ def test_a_hunk_whose_context_matches_replaces_exactly_its_lines(tmp_path):
     assert (tmp_path / MODULE).read_text() == FAKE  # the tree itself is never written
 
 
-def test_a_hunk_whose_lines_moved_applies_at_the_nearest_exact_match():
+def test_a_hunk_whose_lines_moved_a_little_applies_at_their_one_exact_match():
     patch = parse_diff(diff(2, ["line 10"], ["ten"], context=(["line 9"], [])))[0]
-    assert "ten\n" in apply_file_patch(FAKE, patch) and "line 10\n" not in apply_file_patch(
-        FAKE, patch)
+    assert apply_file_patch(FAKE, patch) == FAKE.replace("line 10\n", "ten\n")
+
+
+LONG = "".join(f"line {i}\n" for i in range(1, 201))
+
+
+@pytest.mark.parametrize("moved, applies", [(MAX_OFFSET, True), (MAX_OFFSET + 1, False)])
+def test_a_hunk_applies_at_most_max_offset_lines_from_where_its_header_says(moved, applies):
+    # The old lines are at line 100; the header puts them `moved` lines above.
+    patch = parse_diff(diff(100 - moved, ["line 100"], ["hundred"]), "moved.diff")[0]
+    if applies:
+        assert apply_file_patch(LONG, patch, "moved.diff") == LONG.replace(
+            "line 100\n", "hundred\n")
+        return
+    with pytest.raises(PatchError) as exc:
+        apply_file_patch(LONG, patch, "moved.diff")
+    assert str(exc.value) == (
+        f"moved.diff: hunk 1 of {MODULE} (@@ -{100 - moved},1 +{100 - moved},1 @@) does not "
+        f"apply where it says: its old lines are at line 100, {moved} lines from line "
+        f"{100 - moved} (at most {MAX_OFFSET}); rebase the patch onto this tree")
+
+
+TWICE = "".join(f"{x}\n" for x in ["a", "return x", "b", "c", "return x", "d"])
+
+
+@pytest.mark.parametrize("stated", [2, 3])  # at one of the two places, or between them
+def test_a_hunk_whose_old_lines_occur_twice_is_refused_naming_it_and_both_places(stated):
+    patch = parse_diff(diff(stated, ["return x"], ["return y"]), "twice.diff")[0]
+    with pytest.raises(PatchError) as exc:
+        apply_file_patch(TWICE, patch, "twice.diff")
+    assert str(exc.value) == (
+        f"twice.diff: hunk 1 of {MODULE} (@@ -{stated},1 +{stated},1 @@) is ambiguous: its old "
+        "lines match at 2 places (lines 2, 5); give it more context so they match once")
+
+
+def test_context_that_makes_the_old_lines_unique_lets_the_hunk_apply():
+    patch = parse_diff(diff(5, ["return x"], ["return y"], context=(["c"], [])))[0]
+    assert apply_file_patch(TWICE, patch) == TWICE.replace("c\nreturn x", "c\nreturn y")
+
+
+def test_an_ambiguous_hunk_in_a_patch_is_bad_input_naming_the_patch_and_file(tmp_path):
+    text = diff(2, ["return x"], ["return y"])
+    with pytest.raises(ConfigError, match=r"vllm_patch: twice.diff: hunk 1 of .*dp_utils.py "
+                       r"\(@@ -2,1 \+2,1 @@\) is ambiguous"):
+        patched_files(fake_tree(tmp_path, TWICE), (as_patch(text, "twice.diff"),))
 
 
 def test_a_context_line_that_differs_is_refused_naming_the_hunk_and_the_line():

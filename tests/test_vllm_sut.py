@@ -21,14 +21,14 @@ from harness.world.sim.threads import ThreadWorld
 if vllm_version() is None:
     pytest.skip(unavailable_reason(), allow_module_level=True)
 
-from harness.vllm_sut.candidates import (  # noqa: E402
+from harness.vllm_sut.candidates import (
     vllm_capture_order,
     vllm_dispatch,
     vllm_dispatch_candidates,
 )
-from harness.vllm_sut.configs import vllm_configs  # noqa: E402
-from harness.vllm_sut.step_plan import vllm_decide_on_rank  # noqa: E402
-from harness.vllm_sut.sync import vllm_check_ubatch_thresholds  # noqa: E402
+from harness.vllm_sut.configs import vllm_configs
+from harness.vllm_sut.step_plan import vllm_decide_on_rank
+from harness.vllm_sut.sync import vllm_check_ubatch_thresholds
 
 # The bug tests pin what 0.33.0 ships; another release may have fixed them.
 known_bugs = pytest.mark.skipif(not ships_the_known_bugs(), reason=f"pins bugs that "

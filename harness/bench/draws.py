@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 T = TypeVar("T")
 
 
-class _Drawn(BaseException):  # noqa: N818 - a control-flow signal, not an error
+class _Drawn(BaseException):  # a control-flow signal, not an error
     """Enough examples drawn: unwinds out of Hypothesis as the fuzzer's budget signal does."""
 
 

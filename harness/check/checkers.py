@@ -71,8 +71,20 @@ def check_errors(records: Sequence[StepRecord | None]) -> Judgement:
                              f"{err.describe()}")
         elif err.origin not in (ErrorOrigin.TIMEOUT, ErrorOrigin.LOST):
             return failed(f"rank {rec.rank} (a peer of the faulty rank): {err.describe()}")
-    contained = [f"rank {r.rank} {r.error.kind}" for r in present if r.error is not None]
-    return held(f"injected fault contained: {', '.join(contained)}" if contained else "")
+    return held(_what_was_contained(records))
+
+
+def _what_was_contained(records: Sequence[StepRecord | None]) -> str:
+    """What the held verdict forgave: an injected fault, or only waits on a silent rank."""
+    errors = ", ".join(f"rank {r.rank} {r.error.kind}" for r in records
+                       if r is not None and r.error is not None)
+    if not errors:
+        return ""
+    if any(r is not None and r.injected_fault for r in records):
+        return f"injected fault contained: {errors}"
+    silent = [i for i, r in enumerate(records) if r is None]
+    return (f"no rank reports an injected fault; ranks {silent} never reported (liveness "
+            f"judges them), and the others only waited on them: {errors}")
 
 
 def _waited_on_another(rec: StepRecord) -> bool:

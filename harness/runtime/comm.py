@@ -129,7 +129,7 @@ class CollectiveLog:
         self._lock = threading.Lock()
         # A line per collective, flushed before it is issued: a hung rank's last line says
         # which collective it is stuck in, read by the driver from outside.
-        self._trace = open(trace_path, "a", buffering=1) if trace_path else None  # noqa: SIM115
+        self._trace = open(trace_path, "a", buffering=1) if trace_path else None
 
     def add(self, op: str, shape: tuple[int, ...], dtype: str) -> None:
         with self._lock:

@@ -22,9 +22,9 @@ from harness.sut.graph_table import GraphTable
 from harness.sut.staging import stages_step
 from harness.sut.thresholds import guard_sends_to_eager, ubatch_thresholds_met
 
-# Rows of the gathered matrix; column r is rank r's contribution.
-(ROW_TOKENS, ROW_CG_MODE, ROW_UCT, ROW_MAX_QUERY_LEN, ROW_ALLOW_UBATCH, ROW_NUM_REQS,
- ROW_SKIP_DRAFTS) = range(7)
+# Rows of the gathered matrix, in local_column's order; column r is rank r's contribution.
+# Named where tests read them; rows 3 (max query len) and 6 (skip-drafts vote) are not.
+ROW_TOKENS, ROW_CG_MODE, ROW_UCT, ROW_ALLOW_UBATCH, ROW_NUM_REQS = 0, 1, 2, 4, 5
 NUM_ROWS = 7
 
 

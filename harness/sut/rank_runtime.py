@@ -112,7 +112,7 @@ class RankRuntime:
         error = None
         try:
             self.manager.capture_all()
-        except BaseException as exc:  # noqa: BLE001 - reported in the record
+        except BaseException as exc:  # reported in the record
             error = error_of(exc)
         planned = tuple(d.label() for d in self.table.capture_order()
                         if d.cg_mode is CudaGraphMode.FULL)
@@ -172,7 +172,7 @@ class RankRuntime:
                 fingerprint = self.log.since(mark)
                 outputs = buffers.output[:batch.num_tokens]
                 executed = "eager-microbatched" if desc.microbatched else "eager"
-        except BaseException as exc:  # noqa: BLE001 - reported in the record
+        except BaseException as exc:  # reported in the record
             error = error_of(exc)
             fingerprint = self.log.since(mark)
         error = settled(self.fence, f"rank {self.rank} step {index}", error)

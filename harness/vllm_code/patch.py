@@ -1,10 +1,11 @@
 """A strict unified-diff applier, in pure Python (docs/spec.md has no say here: this is input).
 
-A hunk applies where its old lines (context and removals) match the file exactly: at the
-line its header names, else at the nearest place they match exactly (the file moved). No
-fuzz, no whitespace leniency; a hunk that matches nowhere is an error naming the file, the
-hunk and the first line that differs. New, deleted, renamed and binary files are refused:
-the harness patches modules vLLM has, nothing else.
+A hunk applies where its old lines (context and removals) match the file exactly, and only
+where they match once in the whole file: at the line its header names, or up to MAX_OFFSET
+lines from it (the file moved). No fuzz, no whitespace leniency. A hunk whose old lines
+match twice, only further away, or nowhere is an error naming the patch, the file, the hunk
+and where it matched (or the first line that differs). New, deleted, renamed and binary
+files are refused: the harness patches modules vLLM has, nothing else.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from dataclasses import dataclass
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 _REFUSED_HEADERS = ("rename from", "rename to", "copy from", "copy to", "new file mode",
                     "deleted file mode", "GIT binary patch", "Binary files")
+# An offset like GNU patch's, but bounded: a release's edits above a hunk move it (0.33.0 to
+# 0.34.0 moved dp_utils' guard 24 lines); further away, the patch was written for another file.
+MAX_OFFSET = 50
 
 
 class PatchError(ValueError):
@@ -149,23 +153,36 @@ def apply_file_patch(text: str, patch: FilePatch, name: str = "patch") -> str:
     for number, hunk in enumerate(patch.hunks, start=1):
         # A zero-length old side names the line after which it inserts.
         stated = hunk.old_start - 1 + shift + (1 if not hunk.old_lines else 0)
-        at = _place(lines, hunk, stated, floor)
-        if at is None:
-            why = _first_difference(lines, hunk.old_lines, max(stated, 0))
-            raise PatchError(f"{name}: hunk {number} of {patch.path} ({hunk.header}) does not "
-                             f"apply: {why}")
+        where = f"{name}: hunk {number} of {patch.path} ({hunk.header})"
+        at = _place(lines, hunk, stated, floor, where)
         lines[at:at + len(hunk.old_lines)] = list(hunk.new_lines)
         shift += len(hunk.new_lines) - len(hunk.old_lines) + (at - stated)
         floor = at + len(hunk.new_lines)
     return "".join(lines)
 
 
-def _place(lines: list[str], hunk: Hunk, stated: int, floor: int) -> int | None:
-    """Where the hunk's old lines sit: the stated line, else the nearest exact match."""
-    if stated >= floor and _matches_at(lines, hunk.old_lines, stated):
-        return stated
-    if not hunk.old_lines:
-        return None  # a pure insertion has nothing to find it by
-    candidates = [at for at in range(floor, len(lines) - len(hunk.old_lines) + 1)
-                  if _matches_at(lines, hunk.old_lines, at)]
-    return min(candidates, key=lambda at: abs(at - stated)) if candidates else None
+def _place(lines: list[str], hunk: Hunk, stated: int, floor: int, where: str) -> int:
+    """The one place the hunk's old lines sit, at or near the stated line; else PatchError."""
+    if not hunk.old_lines:  # a pure insertion has nothing to find it by but its line
+        if floor <= stated <= len(lines):
+            return stated
+        raise PatchError(f"{where} does not apply: it inserts at line {stated + 1}, past the "
+                         "end of the file or above the hunk before it")
+    found = [at for at in range(len(lines) - len(hunk.old_lines) + 1)
+             if _matches_at(lines, hunk.old_lines, at)]
+    if not found:
+        why = _first_difference(lines, hunk.old_lines, max(stated, 0))
+        raise PatchError(f"{where} does not apply: {why}")
+    if len(found) > 1:
+        shown = ", ".join(str(at + 1) for at in found[:5]) + (", ..." if found[5:] else "")
+        raise PatchError(f"{where} is ambiguous: its old lines match at {len(found)} places "
+                         f"(lines {shown}); give it more context so they match once")
+    (at,) = found
+    if at < floor:
+        raise PatchError(f"{where} does not apply: its old lines are at line {at + 1}, "
+                         "above the hunk before it")
+    if abs(at - stated) > MAX_OFFSET:
+        raise PatchError(f"{where} does not apply where it says: its old lines are at line "
+                         f"{at + 1}, {abs(at - stated)} lines from line {stated + 1} (at most "
+                         f"{MAX_OFFSET}); rebase the patch onto this tree")
+    return at

@@ -25,7 +25,7 @@ from types import ModuleType
 import torch
 
 from harness.bug_switches import SwitchToCompute
-from harness.config import All2AllBackend, HarnessConfig
+from harness.config import HarnessConfig
 from harness.faults import Fault, FaultKind, InjectedFault
 from harness.history.records import RecvEvent, UbatchError
 from harness.history.step_error import error_of
@@ -258,8 +258,3 @@ class MiniModel:
             return out.zero_()  # skips its MoE layer: no all-to-all, no yield
         self.moe.forward(mb, self.cache, self.moe.overlap)
         return out
-
-
-def all2all_style(config: HarnessConfig) -> str:
-    return ("high-throughput" if config.serving.all2all_backend is All2AllBackend.HIGH_THROUGHPUT
-            else "low-latency")

@@ -167,7 +167,7 @@ class VllmExecRuntime:
             if self.manager.needs_capture():
                 self.manager.capture(self.model, self.model_state, self.buffers, None,
                                      self.block_tables, ATTN_GROUPS, KV_CACHE_CONFIG)
-        except BaseException as exc:  # noqa: BLE001 - reported in the record
+        except BaseException as exc:  # reported in the record
             error = error_of(exc)
         finally:
             self.stand_ins.capture_observer = contextlib.nullcontext
@@ -217,7 +217,7 @@ class VllmExecRuntime:
             plan = decide_under_rank_faults(self, batch, faults)
             with torch.inference_mode():  # as vLLM's worker runs execute_model
                 ran = self._execute(plan, requests, batch.num_tokens)
-        except BaseException as exc:  # noqa: BLE001 - reported in the record
+        except BaseException as exc:  # reported in the record
             error = error_of(exc)
         finally:
             self.stand_ins.thread_setup.arm(None)

@@ -216,10 +216,10 @@ class _CpuCuda:
     def __init__(self, stand_ins: CpuStandIns) -> None:
         self._s = stand_ins
 
-    def Stream(self, device: Any = None, priority: int = 0) -> LogicalStream:  # noqa: N802
+    def Stream(self, device: Any = None, priority: int = 0) -> LogicalStream:
         return self._s.streams.new_stream(self._s.next_stream_name())
 
-    def Event(self, *args: Any, **kwargs: Any) -> LogicalEvent:  # noqa: N802
+    def Event(self, *args: Any, **kwargs: Any) -> LogicalEvent:
         return _TracedEvent(self._s, f"event-{next(self._s.event_ids)}")
 
     def set_stream(self, stream: LogicalStream) -> None:
@@ -231,7 +231,7 @@ class _CpuCuda:
     def current_blas_handle(self) -> None:
         return None
 
-    def CUDAGraph(self) -> EmulatedGraph:  # noqa: N802
+    def CUDAGraph(self) -> EmulatedGraph:
         return LoggedGraph(self._s.stream_log, self._s.graphs.collective_timeout_s)
 
     @contextlib.contextmanager
@@ -307,12 +307,12 @@ class _ObservedCuda:
     def __init__(self, stand_ins: CudaStandIns) -> None:
         self._s = stand_ins
 
-    def Stream(self, device: Any = None, priority: int = 0) -> torch.cuda.Stream:  # noqa: N802
+    def Stream(self, device: Any = None, priority: int = 0) -> torch.cuda.Stream:
         stream = torch.cuda.Stream(device=device, priority=priority)
         self._s.name_stream(stream, self._s.next_stream_name())
         return stream
 
-    def Event(self, *args: Any, **kwargs: Any) -> _LoggedCudaEvent:  # noqa: N802
+    def Event(self, *args: Any, **kwargs: Any) -> _LoggedCudaEvent:
         return _LoggedCudaEvent(self._s, f"event-{next(self._s.event_ids)}")
 
     @contextlib.contextmanager

@@ -21,7 +21,7 @@ def _probe() -> tuple[str | None, str]:
         for name in VLLM_MODULES:
             importlib.import_module(name)
         import vllm
-    except Exception as exc:  # noqa: BLE001 - any import failure means "absent", with why
+    except Exception as exc:  # any import failure means "absent", with why
         first_line = (str(exc).splitlines() or [""])[0]
         return None, f"vllm does not import: {type(exc).__name__}: {first_line}"
     return str(vllm.__version__), ""

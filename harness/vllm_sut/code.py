@@ -227,7 +227,7 @@ def _execute_privately(order: list[str], sources: dict[str, tuple[Path, str]],
                 setattr(parents[name], name.rpartition(".")[2], module)
             try:
                 loader.exec_module(module)
-            except Exception as exc:  # noqa: BLE001 - a broken patch is bad input, told in a line
+            except Exception as exc:  # a broken patch is bad input, told in a line
                 first = (str(exc).splitlines() or [""])[0]
                 raise ConfigError("vllm_patch", f"{name} does not import with the patches: "
                                   f"{type(exc).__name__}: {first}") from None

@@ -18,7 +18,7 @@ from harness.sut.step_plan import plan_step
 from harness.vllm_sut.sync import sync_with
 
 
-class _AllReduceReached(Exception):  # noqa: N818 - a control-flow signal, not an error
+class _AllReduceReached(Exception):  # a control-flow signal, not an error
     def __init__(self, tensor: torch.Tensor) -> None:
         super().__init__("vLLM's sync reached its all-reduce")
         self.tensor = tensor

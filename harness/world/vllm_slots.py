@@ -7,5 +7,5 @@ from __future__ import annotations
 
 
 def register_vllm_code() -> None:
-    import harness.vllm_exec  # noqa: F401 - registers vLLM's runner for execution=vllm
+    import harness.vllm_exec  # registers vLLM's runner for execution=vllm
     import harness.vllm_sut  # noqa: F401 - registers vLLM's decision code for sut=vllm

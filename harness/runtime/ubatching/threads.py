@@ -39,7 +39,7 @@ def _thread_main(run: RunState, ctx: UBatchContext, body: Callable[[UBatchContex
         try:
             if setup is not None:
                 setup()  # per-thread set-up (device, library workspaces) before the barrier
-        except BaseException as exc:  # noqa: BLE001 - reported by finish() like a body failure
+        except BaseException as exc:  # reported by finish() like a body failure
             run.failures[ctx.id] = exc
             run.barrier.abort()
             return
@@ -58,7 +58,7 @@ def _thread_main(run: RunState, ctx: UBatchContext, body: Callable[[UBatchContex
             out = body(ctx)
         except Stuck:
             raise
-        except BaseException as exc:  # noqa: BLE001 - stored and re-raised by finish()
+        except BaseException as exc:  # stored and re-raised by finish()
             if not isinstance(exc, MicrobatchAborted):
                 run.on_failure()
             try:
@@ -71,7 +71,7 @@ def _thread_main(run: RunState, ctx: UBatchContext, body: Callable[[UBatchContex
             return
         try:
             ctx._exit(None)
-        except BaseException as exc:  # noqa: BLE001 - a recv hook failed at exit
+        except BaseException as exc:  # a recv hook failed at exit
             run.on_failure()
             run.failures[ctx.id] = exc
             return
@@ -79,7 +79,7 @@ def _thread_main(run: RunState, ctx: UBatchContext, body: Callable[[UBatchContex
     except Stuck:
         run.stuck.add(ctx.id)
         run.on_failure()
-    except BaseException as exc:  # noqa: BLE001 - protocol errors outside the body
+    except BaseException as exc:  # protocol errors outside the body
         run.failures[ctx.id] = exc
         run.on_failure()
     finally:
@@ -87,7 +87,7 @@ def _thread_main(run: RunState, ctx: UBatchContext, body: Callable[[UBatchContex
         bind(None)
         try:
             ctx.streams.set_current_stream(ctx.streams.default_stream)
-        except Exception:  # noqa: BLE001 - best effort
+        except Exception:  # best effort
             pass
 
 

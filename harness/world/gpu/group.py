@@ -46,7 +46,7 @@ class RankGroup:
                 try:
                     method()
                     break
-                except Exception:  # noqa: BLE001, S112 - best effort at teardown
+                except Exception:  # best effort at teardown
                     continue
 
 

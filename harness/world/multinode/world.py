@@ -156,7 +156,7 @@ class NodeAgents:
         """This node's agent, through the node launcher every node runs; it watches this
         driver's pid and stops the agent when the driver is gone."""
         assert self._agent_dir is not None
-        log = open(TraceLayout(self._agent_dir).torchrun_log, "ab")  # noqa: SIM115 - lives with the agent
+        log = open(TraceLayout(self._agent_dir).torchrun_log, "ab")  # lives with the agent
         self._proc = subprocess.Popen(
             node_command(sys.executable, self.spec, self.nproc_per_node,
                          timeouts.collective_s, self.device, self._agent_dir),

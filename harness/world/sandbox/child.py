@@ -62,7 +62,7 @@ def run_runner(fd: int, nproc: int, timeouts: Timeouts, trace_dir: Path) -> None
     err = os.open(layout.runner_stderr, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(err, 2)
     os.close(err)
-    stacks = open(layout.runner_stacks, "w")  # noqa: SIM115 - lives as long as we do
+    stacks = open(layout.runner_stacks, "w")  # lives as long as we do
     faulthandler.enable(file=stacks, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     channel = Channel(Connection(fd))
@@ -82,7 +82,7 @@ def run_runner(fd: int, nproc: int, timeouts: Timeouts, trace_dir: Path) -> None
             world.run(scenario, channel.send)
         except ChannelClosed:
             return
-        except Exception:  # noqa: BLE001 - the driver raises it with this traceback
+        except Exception:  # the driver raises it with this traceback
             channel.send(SimRaised(traceback.format_exc()))
             continue
         channel.send(SimDone(world.retired))
@@ -148,7 +148,7 @@ def serve_zygote(fd: int) -> None:
                         sock.close()
                         run_runner(runner_fd, message.nproc, message.timeouts,
                                    Path(message.trace_dir))
-                    except BaseException:  # noqa: BLE001 - never back into the zygote's loop
+                    except BaseException:  # never back into the zygote's loop
                         traceback.print_exc()
                         code = 1
                     finally:
@@ -164,7 +164,7 @@ def serve_zygote(fd: int) -> None:
                     gc.collect()
                     gc.freeze()
                     channel.send(SystemLoaded(None))
-                except Exception:  # noqa: BLE001 - the driver raises it with this traceback
+                except Exception:  # the driver raises it with this traceback
                     channel.send(SystemLoaded(traceback.format_exc()))
             elif isinstance(message, ReapRunner):
                 runners.discard(message.pid)

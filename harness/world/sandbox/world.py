@@ -71,7 +71,7 @@ class Zygote:
     def __init__(self) -> None:
         self._dir = Path(tempfile.mkdtemp(prefix="dbo-zygote-"))
         mine, theirs = socket.socketpair()
-        log = open(self._dir / "zygote.log", "wb")  # noqa: SIM115 - closed below
+        log = open(self._dir / "zygote.log", "wb")  # closed below
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "harness.world.sandbox.child", "--fd",

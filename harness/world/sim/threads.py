@@ -82,7 +82,7 @@ def _run_bounded(size: int, fn: Callable[[int], Any], deadline_s: float, name: s
     def body(rank: int) -> None:
         try:
             results[rank] = fn(rank)
-        except BaseException as exc:  # noqa: BLE001 - reported per rank below
+        except BaseException as exc:  # reported per rank below
             errors[rank] = exc
 
     threads = [threading.Thread(target=body, args=(r,), name=f"{name}-{r}", daemon=True)

@@ -187,7 +187,7 @@ class Worker:
             self.group = fresh_group(generation, timeout_s)
             self.runtimes.clear()
             self.channel.send(Regrouped(self.rank))
-        except Exception:  # noqa: BLE001 - the driver relaunches the world instead
+        except Exception:  # the driver relaunches the world instead
             self.channel.send(RegroupFailed(self.rank, traceback.format_exc()))
 
     def leftovers(self) -> list[str]:
@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ["RANK"])
     trace_dir = Path(args.trace_dir)
     trace_dir.mkdir(parents=True, exist_ok=True)
-    stacks = open(TraceLayout(trace_dir).stacks(rank), "w")  # noqa: SIM115 - lives as long as we do
+    stacks = open(TraceLayout(trace_dir).stacks(rank), "w")  # lives as long as we do
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     # A fatal signal (an abort in a native library, a segfault) leaves its name and the
     # stacks there too, for the driver to name how the rank died.
@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         # into a real graph: that world emulates its graphs over the CUDA tensors.
         told_to_exit = Worker(rank, channel, group, trace_dir, device,
                               emulated_graphs=args.backend != "nccl").serve()
-    except Exception:  # noqa: BLE001 - the driver reports it with the rank
+    except Exception:  # the driver reports it with the rank
         try:
             channel.send(WorkerCrash(rank, traceback.format_exc()))
         except wire.ChannelClosed:
