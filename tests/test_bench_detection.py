@@ -41,16 +41,24 @@ class FakePool:
         return None
 
 
+# Per seed, the checker a stand-in search reports instead of the variant's own.
+OTHER_CHECKER: dict[int, str] = {}
+
+
 @pytest.fixture
 def fake_search(monkeypatch):
-    """Stands in for the worlds and the fuzz: each search 'finds' at 2 s, example 3."""
+    """Stands in for the worlds and the fuzz: each search 'finds' at 2 s, example 3, by the
+    variant's first checker (or by OTHER_CHECKER's for its seed)."""
     FakePool.opened = []
+    OTHER_CHECKER.clear()
     searches = []
 
     def fuzz(variant, run, **kwargs):
         pool = run.__self__
         searches.append({"variant": variant, "pool": pool, "warmed": len(pool.ran), **kwargs})
-        return SimpleNamespace(seconds_to_detection=2.0, examples_to_detection=3)
+        checker = OTHER_CHECKER.get(kwargs["seed"], variant.caught_by[0])
+        return SimpleNamespace(found=True, checker=checker, seconds_to_detection=2.0,
+                               examples_to_detection=3)
 
     monkeypatch.setattr(detection, "WorldPool", FakePool)
     monkeypatch.setattr(detection, "fuzz", fuzz)
@@ -138,3 +146,16 @@ def test_an_unknown_variant_is_one_line_naming_the_flag_and_exit_2(capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "--variants" in err and "'no-such-bug'" in err
+
+
+def test_a_seed_that_found_the_bug_as_another_checker_is_a_miss_named_in_the_row(
+        fake_search, capsys):
+    OTHER_CHECKER[8] = "graphs_reachable"  # guard-merged is named by no_empty_region
+    rows = detection_rows("sim", [7, 8], 5.0, names=("guard-merged",))
+    row = rows[0]
+    assert row.seconds == (2.0, None) and row.examples == (3, None) and row.found == 1
+    assert row.detections == ("found", "found as graphs_reachable")
+    assert row.worst_s() is None  # one seed missed: the goal is not met
+    print_detection(rows)
+    line = next(line for line in capsys.readouterr().out.splitlines() if "guard-merged" in line)
+    assert "1/2" in line and "found as graphs_reachable" in line and "NO" in line

@@ -11,13 +11,15 @@ from harness.bench.versions import FAMILIES, Target, cell_of, search_command, ve
 GUARD = FAMILIES[0]
 
 
-def line(found: bool, checker: str | None = None, version: str = "0.34.0") -> str:
+def line(found: bool, checker: str | None = None, version: str = "0.34.0",
+         kind: str | None = None) -> str:
     scenario = {"steps": [{"ranks": [{"tokens": 2}, {"query_lens": [3, 1]}]},
                           {"ranks": [3, 4]}]}
     return json.dumps({"found": found, "checker": checker, "examples": 40,
                        "seconds_to_detection": 1.25 if found else None,
                        "examples_to_detection": 7 if found else None,
-                       "scenario": scenario if found else None, "vllm": {"version": version}})
+                       "scenario": scenario if found else None, "vllm": {"version": version},
+                       "kind": kind or ("reproducible" if found else None)})
 
 
 def test_a_family_found_by_its_own_checker_is_found_with_its_time_and_shrunk_steps():
@@ -29,6 +31,13 @@ def test_a_family_found_by_its_own_checker_is_found_with_its_time_and_shrunk_ste
 def test_a_family_found_by_another_checker_is_a_miss_that_names_it():
     cell = cell_of(GUARD, 1, line(True, "graphs_reachable"), "")
     assert cell.verdict == "found as graphs_reachable"
+
+
+def test_a_family_found_on_some_runs_only_says_intermittent_with_its_counts():
+    cell = cell_of(GUARD, 1, line(True, "no_empty_region", kind="intermittent (2/5)"), "")
+    assert cell.verdict == "found, intermittent (2/5)"
+    other = cell_of(GUARD, 1, line(True, "liveness", kind="intermittent (1/5)"), "")
+    assert other.verdict == "found as liveness, intermittent (1/5)"
 
 
 def test_a_clean_search_is_not_found_and_a_broken_one_is_an_error():

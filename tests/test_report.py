@@ -89,6 +89,60 @@ def test_a_found_bug_passes_and_a_found_reference_or_a_missed_bug_fails():
     assert finding_outcome(finding("guard-merged", False)) == "MISSED"
 
 
+def test_a_planted_bug_found_by_a_checker_that_does_not_name_it_is_a_miss_found_as_that():
+    # guard-merged is named by no_empty_region and captured_split.
+    elsewhere = finding("guard-merged", True, [32, 64], checker="graphs_reachable",
+                        guard="merged")
+    assert not finding_passes(elsewhere)
+    assert finding_outcome(elsewhere) == "found as graphs_reachable"
+    assert finding_passes(finding("guard-merged", True, [32, 64], checker="captured_split",
+                                  guard="merged"))
+
+
+def test_a_bug_found_as_another_checker_fails_junit_and_reads_found_as_in_every_output(
+        tmp_path, capsys):
+    log = write_log(tmp_path / "log.jsonl",
+                    finding("guard-merged", True, [32, 64], checker="graphs_reachable",
+                            guard="merged"))
+    files = build_report([log], tmp_path / "out", maps=False)
+    failure = ET.parse(files.junit).getroot().find(
+        "testsuite/testcase[@name='fuzz[guard-merged]']/failure")
+    assert failure.get("message") == "found as graphs_reachable"
+    assert failure.get("type") == "MISSED"
+    assert "named by no_empty_region, captured_split" in failure.text
+    [row] = json.loads(files.verdicts.read_text())["findings"]
+    assert (row["outcome"], row["passes"]) == ("found as graphs_reachable", False)
+    text = files.markdown.read_text()
+    assert "| found as graphs_reachable | graphs_reachable |" in text
+    assert "1 findings: 0 pass, 1 missed (1 found as another checker)" in text
+    assert run_command("--log", str(log), "--out", str(tmp_path / "out2"), "--no-maps") == 1
+
+
+def intermittent(variant: str, tokens: list[int], checker: str, **config) -> FindingEntry:
+    return replace(finding(variant, True, tokens, checker=checker, **config), failed_runs=1,
+                   runs=5)
+
+
+def test_an_intermittent_finding_on_the_reference_fails_and_says_how_often_it_failed(
+        tmp_path):
+    log = write_log(tmp_path / "log.jsonl", intermittent("reference", [32, 57], "liveness"))
+    [read] = [f.entry for f in load_logs([log]).findings]
+    assert (read.failed_runs, read.runs) == (1, 5)  # the counts survive the log
+    files = build_report([log], tmp_path / "out", maps=False)
+    failure = ET.parse(files.junit).getroot().find(
+        "testsuite/testcase[@name='fuzz[reference]']/failure")
+    assert failure.get("message") == "liveness, intermittent (1/5)"
+    assert failure.get("type") == "FOUND-ON-REFERENCE"
+    assert "intermittent (1/5): failed 1 of 5 runs" in failure.text
+    [row] = json.loads(files.verdicts.read_text())["findings"]
+    assert (row["kind"], row["failed_runs"], row["runs"], row["passes"]) == (
+        "intermittent (1/5)", 1, 5, False)
+    text = files.markdown.read_text()
+    assert "| FOUND-ON-REFERENCE | liveness | intermittent (1/5) |" in text
+    assert "1 found on the reference, 1 intermittent" in text
+    assert run_command("--log", str(log), "--out", str(tmp_path / "out2"), "--no-maps") == 1
+
+
 def test_a_finding_on_the_reference_fails_the_junit_report(mixed_log, tmp_path):
     files = build_report([mixed_log], tmp_path / "out", maps=False)
     root = ET.parse(files.junit).getroot()

@@ -4,6 +4,8 @@ from cells, so no vLLM is needed."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from harness.fuzz.matrix import MatrixCell, MatrixColumn, cell_fields, rows_for
 from harness.report.matrix import matrix_markdown, matrix_png
 from harness.vllm_code.source import VllmPatch, content_hash
@@ -48,3 +50,13 @@ def test_cells_round_trip_through_json_and_rows_start_unpatched():
     assert base["vllm_patches"] == () and base["differential_against_base"] is False
     assert cell_fields(rows[1], K3, {})["vllm_patches"] == (patch,)
     assert cell_fields(rows[1], K3, {})["ubatch_size"] == 3
+
+
+def test_an_intermittent_cell_says_so_with_its_counts_and_keeps_them_through_json():
+    found = cell("none", K2, True, [(2, 4)], (4, 8))
+    intermittent = replace(found, kind="intermittent (1/5)")
+    text = matrix_markdown([intermittent], "vllm under test: vllm 0.33.0", "100 examples")
+    assert "**found** by no_empty_region, intermittent (1/5): [2, 4] on G=4" in text
+    assert MatrixCell.from_dict(intermittent.to_dict()) == intermittent
+    older = {k: v for k, v in found.to_dict().items() if k != "kind"}  # a matrix.json of before
+    assert MatrixCell.from_dict(older).kind is None

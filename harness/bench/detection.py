@@ -3,7 +3,9 @@ fresh random seeds: the fuzzer's speed where it matters (part of `make bench`).
 
 The harness's variants, then the stream-order slips planted under vLLM's execution code
 (docs/spec.md §11.3, §11.5), each on its own setting (sut vllm, exec vllm); where vllm does
-not import, their rows say so instead of vanishing."""
+not import, their rows say so instead of vanishing. A bug counts as detected only when found
+as itself (harness/fuzz/variants.py `detection`); a seed that found it as another checker
+is a miss, shown as "found as X"."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import statistics
 from dataclasses import dataclass
 
 from harness.fuzz.engine import FUZZ_TIMEOUTS, SIM_DP_SIZES, Budget, fuzz
-from harness.fuzz.variants import EXEC_VARIANTS, VARIANTS, Variant
+from harness.fuzz.variants import EXEC_VARIANTS, FOUND, NOT_FOUND, VARIANTS, Variant, detection
 from harness.scenario import Scenario, scenario_from_dict
 from harness.world.pool import WorldPool
 
@@ -28,9 +30,11 @@ VLLM_DP = 2
 class DetectionRow:
     world: str
     variant: str
-    seconds: tuple[float | None, ...]  # per seed; None: not found within the budget
+    seconds: tuple[float | None, ...]  # per seed; None: not found as itself in the budget
     examples: tuple[int | None, ...]
     skipped: str = ""  # why the row was not timed (vllm does not import); "" when it was
+    # Per seed: "found", "not found" or "found as X" (another checker fired: a miss).
+    detections: tuple[str, ...] = ()
 
     @property
     def found(self) -> int:
@@ -100,15 +104,19 @@ def warm_up(variant: Variant, fixed: dict | None = None) -> Scenario:
 
 def _row(world: str, variant: Variant, pool: WorldPool, dp_sizes: tuple[int, ...],
          seeds: list[int], budget_s: float, fixed: dict | None = None) -> DetectionRow:
-    seconds, examples = [], []
+    seconds, examples, detections = [], [], []
     for seed in seeds:
         # Detection only: no shrinking, so every seed costs at most the budget.
         outcome = fuzz(variant, pool.run, world=world, dp_sizes=dp_sizes,
                        budget=Budget(seconds=budget_s, shrink_seconds=0.0), database=None,
                        seed=seed, scenario_dir=_scratch(), hunt=variant.hunt, fixed=fixed)
-        seconds.append(outcome.seconds_to_detection)
-        examples.append(outcome.examples_to_detection)
-    return DetectionRow(world, variant.name, tuple(seconds), tuple(examples))
+        shown = detection(variant.caught_by, outcome.found, outcome.checker)
+        itself = shown == FOUND
+        seconds.append(outcome.seconds_to_detection if itself else None)
+        examples.append(outcome.examples_to_detection if itself else None)
+        detections.append(shown)
+    return DetectionRow(world, variant.name, tuple(seconds), tuple(examples),
+                        detections=tuple(detections))
 
 
 def _scratch() -> str:
@@ -132,8 +140,10 @@ def print_detection(rows: list[DetectionRow]) -> None:
         median, worst = row.median_s(), row.worst_s()
         per_seed = ", ".join("-" if e is None else str(e) for e in row.examples)
         met = "yes" if worst is not None and worst < GOAL_S else "NO"
+        misses = sorted({d for d in row.detections if d not in (FOUND, NOT_FOUND)})
         print(f"{row.world:9} {row.variant:{width}} {row.found:>3}/{len(row.seconds):<2} "
-              f"{_fmt(median):>9} {_fmt(worst):>8} {per_seed:24} {met}")
+              f"{_fmt(median):>9} {_fmt(worst):>8} {per_seed:24} {met}"
+              f"{'  (' + '; '.join(misses) + ': misses)' if misses else ''}")
     if any(row.variant in VLLM_SLIPS and not row.skipped for row in rows):
         print(f"{', '.join(VLLM_SLIPS)}: sut vllm, exec vllm, DP {VLLM_DP} on torchrun rank "
               f"processes on either world (vLLM's execution keeps a process per rank)")

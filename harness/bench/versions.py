@@ -21,6 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.fuzz.variants import detection
+
 ROOT = Path(__file__).resolve().parents[2]
 EXEC_WORLD = ("--world", "torchrun", "--nproc", "2")
 
@@ -64,7 +66,9 @@ class Target:
 class Cell:
     target: str  # the vLLM searched, as `fuzz` names it
     family: str
-    verdict: str  # "found", "found as CHECKER", "not found", or "error: ..."
+    # "found", "found as CHECKER" (a miss), "not found", or "error: ..."; a found one that
+    # failed on some of its runs only ends ", intermittent (r/N)".
+    verdict: str
     seconds: float | None  # to detection
     examples: int | None
     steps: str  # the shrunk scenario's token counts per step, "" when nothing was found
@@ -101,10 +105,11 @@ def cell_of(family: Family, returncode: int, stdout: str, stderr: str) -> Cell:
         return Cell("?", family.name, f"error: {last}", None, None, "")
     result = json.loads(lines[-1])
     target = (result.get("vllm") or {}).get("version", "?")
+    verdict = detection(family.caught_by, result["found"], result["checker"])
     if not result["found"]:
-        return Cell(target, family.name, "not found", None, result["examples"], "")
-    checker = result["checker"]
-    verdict = "found" if checker in family.caught_by else f"found as {checker}"
+        return Cell(target, family.name, verdict, None, result["examples"], "")
+    if result.get("kind") not in (None, "reproducible"):
+        verdict = f"{verdict}, {result['kind']}"  # failed on some of its runs only
     return Cell(target, family.name, verdict, result["seconds_to_detection"],
                 result["examples_to_detection"], _steps(result["scenario"]))
 

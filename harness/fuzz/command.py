@@ -1,8 +1,9 @@
 """`python -m harness fuzz`: search DP skew for a scenario some checker rejects, on a world.
 
-Exit 0 when nothing is found, 1 with the shrunk scenario when something is, 2 on bad input.
-With `--variant all` every variant is fuzzed in turn and the exit code says whether the
-fuzzer did its job: 0 when each planted bug was found and the reference stayed clean.
+Exit 0 when nothing is found, 1 with the shrunk scenario when something is (an intermittent
+failure too), 2 on bad input. With `--variant all` every variant is fuzzed in turn and the
+exit code says whether the fuzzer did its job: 0 when each planted bug was found as itself
+(by a checker that names it) and the reference stayed clean.
 """
 
 from __future__ import annotations
@@ -38,10 +39,14 @@ from harness.fuzz.run_log import DEFAULT_LOG
 from harness.fuzz.variants import (
     EXEC_DEFAULT_HUNTS,
     EXEC_VARIANTS,
+    FOUND,
     SUT_VARIANTS,
     VARIANTS,
     Variant,
+    detection,
+    did_its_job,
     expects_a_finding,
+    variant_detection,
     variant_named,
 )
 from harness.world import WORLDS, add_backend_flags, check_execution_backend
@@ -266,16 +271,29 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     if leftover:
         print(f"error: processes of the world outlived it: {leftover}", file=sys.stderr)
         return 1
-    if args.variant == "all" or len(outcomes) > 1:
-        if not args.json:
-            _print_table(outcomes)
-        return 0 if all(did_its_job(o) for o in outcomes) else 1
+    several = args.variant == "all" or len(outcomes) > 1
+    if several and not args.json:
+        print_table(outcomes)
+    return fuzz_exit(outcomes, several)
+
+
+def fuzz_exit(outcomes: list[FuzzOutcome], several: bool) -> int:
+    """One search: 1 when it found anything. Several (a self-check): 0 only when each did
+    its job, every planted bug found as itself and the reference clean."""
+    if several:
+        return 0 if all(did_its_job(o.variant, o.found, o.checker) for o in outcomes) else 1
     return 1 if outcomes[0].found else 0
 
 
-def did_its_job(outcome: FuzzOutcome) -> bool:
-    """A planted bug must be found; the reference must stay clean."""
-    return outcome.found == expects_a_finding(outcome.variant)
+def table_verdict(outcome: FuzzOutcome) -> str:
+    """ok; FALSE (the reference failed); MISSED; or "found as X" (a planted bug shown by a
+    checker that does not name it: a miss)."""
+    if did_its_job(outcome.variant, outcome.found, outcome.checker):
+        return "ok"
+    if not expects_a_finding(outcome.variant):
+        return "FALSE"
+    return "MISSED" if not outcome.found else \
+        variant_detection(outcome.variant, outcome.found, outcome.checker)
 
 
 def _print_outcome(outcome: FuzzOutcome, variant: Variant, as_json: bool,
@@ -288,18 +306,31 @@ def _print_outcome(outcome: FuzzOutcome, variant: Variant, as_json: bool,
         print(f"{head} nothing found in {outcome.examples} examples, {outcome.seconds:.1f} s "
               f"({outcome.note})")
     else:
-        print(f"{head} FOUND by {outcome.checker} after {outcome.examples_to_detection} "
-              f"examples ({outcome.seconds_to_detection:.1f} s); found and shrunk in "
-              f"{outcome.seconds:.1f} s, {outcome.examples} examples")
-        print(f"  {outcome.detail}")
-        print(f"  shrunk scenario: {describe_scenario(outcome)}")
-        print(f"  replay: {outcome.replay}")
-        if outcome.blob:
-            print(f"  blob: {outcome.blob}")
-        print(outcome.scenario.to_json())
-    if outcome.flaky:
-        print(f"  {len(outcome.flaky)} failure(s) did not reproduce on a rerun (see the log)")
+        _print_finding(head, outcome, variant)
+    if outcome.unconfirmed:
+        print(f"  {len(outcome.unconfirmed)} shrunk candidate(s) failed once and passed "
+              "their rerun: the smallest that failed twice is reported (see the log)")
     sys.stdout.flush()
+
+
+def _print_finding(head: str, outcome: FuzzOutcome, variant: Variant) -> None:
+    runs = outcome.intermittency
+    kind = f", {runs.label}: {runs.detail}," if runs else ""
+    done = "found" if runs else "found and shrunk"
+    print(f"{head} FOUND by {outcome.checker}{kind} after {outcome.examples_to_detection} "
+          f"examples ({outcome.seconds_to_detection:.1f} s); {done} in "
+          f"{outcome.seconds:.1f} s, {outcome.examples} examples")
+    print(f"  {outcome.detail}")
+    shown = detection(variant.caught_by, True, outcome.checker)
+    if not variant.is_reference and shown != FOUND:
+        print(f"  {shown}: a miss, {variant.name} is named by {', '.join(variant.caught_by)}")
+    if runs:
+        print(f"  {outcome.note}")
+    print(f"  {'scenario' if runs else 'shrunk scenario'}: {describe_scenario(outcome)}")
+    print(f"  replay: {outcome.replay}")
+    if outcome.blob:
+        print(f"  blob: {outcome.blob}")
+    print(outcome.scenario.to_json())
 
 
 def describe_scenario(outcome: FuzzOutcome) -> str:
@@ -317,13 +348,14 @@ def describe_scenario(outcome: FuzzOutcome) -> str:
             f"{faults}")
 
 
-def _print_table(outcomes: list[FuzzOutcome]) -> None:
+def print_table(outcomes: list[FuzzOutcome]) -> None:
     width = max(24, *(len(o.variant) for o in outcomes))  # names of vLLM's bugs run long
-    print(f"\n{'variant':{width}} {'verdict':8} {'checker':22} {'to detection':>14} "
-          f"{'examples':>8} {'seconds':>8}")
-    for o in outcomes:
-        verdict = "ok" if did_its_job(o) else ("FALSE" if o.found else "MISSED")
+    verdicts = [table_verdict(o) for o in outcomes]
+    wide = max(8, *map(len, verdicts))  # "found as CHECKER" runs long
+    print(f"\n{'variant':{width}} {'verdict':{wide}} {'checker':22} {'finding':18} "
+          f"{'to detection':>14} {'examples':>8} {'seconds':>8}")
+    for o, verdict in zip(outcomes, verdicts, strict=True):
         detect = (f"{o.examples_to_detection} / {o.seconds_to_detection:.1f}s" if o.found
                   else "-")
-        print(f"{o.variant:{width}} {verdict:8} {o.checker or '-':22} {detect:>14} "
-              f"{o.examples:>8} {o.seconds:8.1f}")
+        print(f"{o.variant:{width}} {verdict:{wide}} {o.checker or '-':22} {o.kind or '-':18} "
+              f"{detect:>14} {o.examples:>8} {o.seconds:8.1f}")

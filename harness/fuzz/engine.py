@@ -34,7 +34,8 @@ from harness.fuzz.database import (
     open_database,
 )
 from harness.fuzz.reduce import reduce_scenario
-from harness.fuzz.run_log import ExampleEntry, FindingEntry, VerdictEntry, append
+from harness.fuzz.result import NOT_SHRUNK, ExampleVerdict, FuzzOutcome
+from harness.fuzz.run_log import ExampleEntry, Intermittency, VerdictEntry, append
 from harness.fuzz.variants import Variant
 from harness.gen.aim import steering
 from harness.gen.strategies import fuzz_configs, scenarios
@@ -44,11 +45,13 @@ from harness.timeouts import Timeouts
 
 # Short bounds: a hang is found in seconds, and a failing example costs little to shrink.
 # A failure is only believed once it reproduces on a second run: the first one at once, the
-# shrunk one at the end (see _Search.verdict and _Search.confirmed).
+# shrunk one at the end (see _Search.verdict and _Search.confirmed). A first failure that
+# passes its rerun is run INTERMITTENT_RERUNS more times and reported as intermittent.
 FUZZ_TIMEOUTS = Timeouts(collective_s=1.0, hang_s=1.5, step_deadline_s=3.0)
 SIM_DP_SIZES = (2, 3, 4)
 MAX_STEPS = 4  # steps per scenario: each config's capture serves several token vectors
 CONFIRM_TRIES = 3  # shrunk failures rerun, newest first, before falling back to the first
+INTERMITTENT_RERUNS = 3  # more runs of a failure that passed its rerun: how often it fails
 
 
 @dataclass(frozen=True)
@@ -62,49 +65,6 @@ class Budget:
         return self.examples if self.examples is not None else 1_000_000
 
 
-@dataclass(frozen=True)
-class ExampleVerdict:
-    """What the checkers said of one scenario, reduced to what the search needs."""
-
-    ok: bool
-    checker: str | None = None
-    detail: str = ""
-
-
-@dataclass(frozen=True)
-class FuzzOutcome:
-    variant: str
-    world: str
-    found: bool
-    checker: str | None
-    detail: str
-    scenario: Scenario | None  # the shrunk scenario
-    examples: int  # world runs in all (search and shrinking)
-    seconds: float
-    examples_to_detection: int | None  # world runs up to the first failure
-    seconds_to_detection: float | None
-    replay: str | None
-    blob: str | None
-    note: str = ""  # why the search ended
-    flaky: tuple[Scenario, ...] = ()  # scenarios that failed once and passed when rerun
-    replayed: int = 0  # failures saved in the database when the search (re)started
-    found_by: str | None = None  # "replay": a saved failure, run before any search; "search"
-    restarts: int = 0  # times a failure another process saved restarted this search
-
-    def to_json_dict(self) -> dict[str, Any]:
-        return {"found": self.found, "variant": self.variant, "checker": self.checker,
-                "detail": self.detail,
-                "scenario": self.scenario.to_dict() if self.scenario else None,
-                "examples": self.examples, "seconds": round(self.seconds, 3),
-                "examples_to_detection": self.examples_to_detection,
-                "seconds_to_detection": (None if self.seconds_to_detection is None
-                                         else round(self.seconds_to_detection, 3)),
-                "replay": self.replay, "blob": self.blob, "world": self.world,
-                "note": self.note, "flaky": [s.to_dict() for s in self.flaky],
-                "replayed": self.replayed, "found_by": self.found_by,
-                "restarts": self.restarts}
-
-
 class _BudgetSpent(BaseException):  # noqa: N818 - a control-flow signal, not an error
     """Ends the search. A BaseException so that Hypothesis does not take it for a failure
     to shrink; it unwinds straight out of the engine."""
@@ -113,6 +73,15 @@ class _BudgetSpent(BaseException):  # noqa: N818 - a control-flow signal, not an
 class _SharedFailure(BaseException):  # noqa: N818 - a control-flow signal, not an error
     """Another process saved a failure under this search's key: restart the search, whose
     reuse phase then replays it before anything else."""
+
+
+class _Intermittent(BaseException):  # noqa: N818 - a control-flow signal, not an error
+    """The first failure passed on a rerun: the search ends with it, unshrunk (a shrink
+    believes each candidate on one run, which an intermittent failure makes unreliable)."""
+
+    def __init__(self, scenario: Scenario, verdict: ExampleVerdict) -> None:
+        super().__init__(f"{verdict.checker}: {verdict.detail}")
+        self.scenario, self.verdict = scenario, verdict
 
 
 class _CheckerFailed(Exception):  # noqa: N818 - named for what Hypothesis reports
@@ -157,8 +126,9 @@ class _Search:
     found_at: tuple[int, float] | None = None
     results: dict[str, ExampleVerdict] = field(default_factory=dict)
     last_failing: Scenario | None = None
-    flaky: list[Scenario] = field(default_factory=list)  # failed once, passed on the rerun
-    first_failing: Scenario | None = None  # the detection, confirmed by a rerun
+    # Shrunk candidates that failed once and passed their rerun.
+    unconfirmed: list[Scenario] = field(default_factory=list)
+    first_failing: Scenario | None = None  # the detection, rerun at once
     believed: list[Scenario] = field(default_factory=list)  # shrink steps, not rerun yet
     saved_at_start: int = 0  # saved failures the current Hypothesis run replays first
     calls: int = 0  # test-body calls in the current Hypothesis run
@@ -189,21 +159,36 @@ class _Search:
                 self.elapsed() - self.found_at[1] > self.budget.shrink_seconds:
             return None  # shrinking is over: an unseen candidate counts as no smaller failure
         verdict = self._judge(scenario)
-        if not verdict.ok and self.found_at is None and self._judge(scenario).ok:
-            # Short timeouts on a loaded machine can miss once; a real bug fails again.
-            self.flaky.append(scenario)
-            verdict = ExampleVerdict(True, None, f"flaky: {verdict.checker}: {verdict.detail}")
-        elif not verdict.ok and self.found_at is not None:
+        detected = not verdict.ok and self.found_at is None
+        if detected:
+            verdict = self._rerun(scenario, verdict)
+        elif not verdict.ok:
             self.believed.append(scenario)  # a shrink step: rerun once, at the end
         self.results[key] = verdict
-        if not verdict.ok and self.found_at is None:
+        if detected:
             self.first_failing = scenario
             self.found_at = (self.examples, self.elapsed())
             # The reuse phase runs the saved failures before the search draws anything.
             self.found_by = "replay" if self.calls <= self.saved_at_start else "search"
         if self.progress is not None:
             self.progress(self.examples, self.elapsed(), self.found_at is not None)
+        if detected and verdict.intermittency is not None:
+            self._stop(_Intermittent(scenario, verdict))
         return verdict
+
+    def _rerun(self, scenario: Scenario, verdict: ExampleVerdict) -> ExampleVerdict:
+        """The first failure, rerun at once. One that passes is no less a finding: in a
+        harness that hunts races and hangs it is the likeliest real one. It is run a few
+        more times (within the budget) to say how often it fails."""
+        if not self._judge(scenario).ok:
+            return verdict
+        failed, runs = 1, 2
+        for _ in range(INTERMITTENT_RERUNS):
+            if self._spent():
+                break
+            failed += not self._judge(scenario).ok
+            runs += 1
+        return replace(verdict, intermittency=Intermittency(failed, runs))
 
     def _stop(self, signal: BaseException) -> NoReturn:
         if self.database is not None:
@@ -238,7 +223,7 @@ class _Search:
                 return candidate, verdict
             if not verdict.ok and not self._judge(candidate).ok:
                 return candidate, verdict
-            self.flaky.append(candidate)
+            self.unconfirmed.append(candidate)
         return self.first_failing, self.verdict(self.first_failing, shrink_bounded=False)
 
     def fails_like(self, scenario: Scenario, failure: _CheckerFailed) -> bool:
@@ -291,9 +276,10 @@ def fuzz(variant: Variant, run: Callable[[Scenario], ScenarioHistory], *, world:
          progress: Callable[[int, float, bool], None] | None = None,
          world_flags: str = "") -> FuzzOutcome:
     """Search for a scenario some checker (one of `hunt`, if given) rejects; shrink and
-    return it, or report that none was found within the budget. `world_flags` complete the
-    replay command (e.g. `--backend nccl`). `database` is a directory, a redis:// URL or
-    an open database; failures saved there by any process are replayed first."""
+    return it (an intermittent failure as found), or report that none was found within the
+    budget. `world_flags` complete the replay command (e.g. `--backend nccl`). `database` is
+    a directory, a redis:// URL or an open database; failures saved there by any process are
+    replayed first."""
     fixed = dict(fixed or {})
     key = database_key(variant, fixed, dp_sizes)
     opened = open_database(database) if isinstance(database, str) else database
@@ -304,28 +290,40 @@ def fuzz(variant: Variant, run: Callable[[Scenario], ScenarioHistory], *, world:
     probe = _hypothesis_test(search, scenario_strategy(variant, fixed, dp_sizes), profile, db,
                              seed)
     failure, note = _run_until_settled(probe, search)
-    seconds = search.elapsed()
     if failure is None:
         return FuzzOutcome(variant.name, world, False, None, "", None, search.examples,
-                           seconds, None, None, None, None, note or "examples exhausted",
-                           tuple(search.flaky), search.replayed, None, search.restarts)
+                           search.elapsed(), None, None, None, None,
+                           note or "examples exhausted", tuple(search.unconfirmed),
+                           search.replayed, None, search.restarts)
+    if isinstance(failure, _Intermittent):
+        return _found(search, failure.scenario, failure.verdict, None, NOT_SHRUNK,
+                      Path(scenario_dir), world_flags)
     minimal = reduce_scenario(search.last_failing, lambda s: search.fails_like(s, failure),
                               dp_sizes, token_seconds=search.budget.shrink_seconds)
     minimal, verdict = search.confirmed(minimal)
-    # Saved as a regression scenario: the checker that must catch it, and the undo.
-    shrunk = replace(minimal, caught_by=verdict.checker, reference_changes=variant.undo)
-    path = Path(scenario_dir) / f"{variant.name}-{search.run_id}.json"
+    return _found(search, minimal, verdict, _blob(failure), note, Path(scenario_dir),
+                  world_flags)
+
+
+def _found(search: _Search, scenario: Scenario, verdict: ExampleVerdict, blob: str | None,
+           note: str, scenario_dir: Path, world_flags: str) -> FuzzOutcome:
+    """The finding saved as a regression scenario (the checker that must catch it, and the
+    undo), logged, and reported."""
+    runs = verdict.intermittency
+    saved = replace(scenario, caught_by=verdict.checker, reference_changes=search.variant.undo,
+                    description=f"{runs.label}: {runs.detail}" if runs else scenario.description)
+    path = scenario_dir / f"{search.variant.name}-{search.run_id}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(shrunk.to_json() + "\n")
+    path.write_text(saved.to_json() + "\n")
     found_examples, found_seconds = search.found_at or (None, None)
-    outcome = FuzzOutcome(variant.name, world, True, verdict.checker, verdict.detail, shrunk,
-                          search.examples, seconds,
+    outcome = FuzzOutcome(search.variant.name, search.world, True, verdict.checker,
+                          verdict.detail, saved, search.examples, search.elapsed(),
                           found_examples, found_seconds,
-                          replay_command(str(path), world, world_flags),
-                          _blob(failure), note, tuple(search.flaky),
-                          search.replayed, search.found_by, search.restarts)
+                          replay_command(str(path), search.world, world_flags), blob, note,
+                          tuple(search.unconfirmed), search.replayed, search.found_by,
+                          search.restarts, runs)
     if search.log_path is not None:
-        append(search.log_path, finding_entry(search.run_id, outcome))
+        append(search.log_path, outcome.finding_entry(search.run_id))
     return outcome
 
 
@@ -355,8 +353,8 @@ def _hypothesis_test(search: _Search, strategy: st.SearchStrategy[Scenario], pro
                     suppress_health_check=list(HealthCheck))(test)
 
 
-def _run_until_settled(probe: Callable[[], None],
-                       search: _Search) -> tuple[_CheckerFailed | None, str]:
+def _run_until_settled(probe: Callable[[], None], search: _Search
+                       ) -> tuple[_CheckerFailed | _Intermittent | None, str]:
     """Run the Hypothesis test, again each time another process shares a failure (the
     memo keeps what was run); returns the failure raised, or why the search ended."""
     while True:
@@ -369,23 +367,22 @@ def _run_until_settled(probe: Callable[[], None],
             continue
         except _BudgetSpent:
             return None, "budget spent"
-        except _CheckerFailed as exc:
+        except (_CheckerFailed, _Intermittent) as exc:
             return exc, ""
         except Flaky as exc:
             # Name what each run raised, not only how many: the note is all a CI log keeps.
             raised = "; ".join(f"{type(e).__name__}: {e}"
                                for e in getattr(exc, "exceptions", ()))
-            return None, (f"flaky: a failure did not replay the same way ({exc}"
-                          f"{': ' if raised else ''}{raised})")
+            note = (f"flaky: a failure did not replay the same way ({exc}"
+                    f"{': ' if raised else ''}{raised})")
+            if search.first_failing is None or search.last_failing is None:
+                return None, note
+            # A failure that failed on its rerun stays a finding, however Hypothesis's
+            # replay of it went: it is shrunk from the last failing example.
+            first = search.verdict(search.first_failing, shrink_bounded=False)
+            return _CheckerFailed(first), note
         except Unsatisfiable:
             return None, "no legal scenario: the pinned fields exclude every draw"
-
-
-def finding_entry(run_id: str, outcome: FuzzOutcome) -> FindingEntry:
-    return FindingEntry(run_id, outcome.variant, outcome.world, outcome.found, outcome.checker,
-                        outcome.scenario.to_dict() if outcome.scenario else None,
-                        outcome.examples, round(outcome.seconds, 3), outcome.replay,
-                        outcome.blob, outcome.found_by, outcome.replayed)
 
 
 _BLOB = re.compile(r"@reproduce_failure\([^)]*\)")

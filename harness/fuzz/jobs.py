@@ -26,7 +26,7 @@ from typing import Any
 import psutil
 
 from harness.fuzz.engine import Budget
-from harness.fuzz.variants import expects_a_finding
+from harness.fuzz.variants import FOUND, did_its_job, expects_a_finding, variant_detection
 
 START_SLACK_S = 120.0  # per variant: a world's start-up and the last shrink pass
 KILL_GRACE_S = 10.0
@@ -194,7 +194,15 @@ def campaign_exit(results: list[JobResult], variants: list[str]) -> int:
     outcomes = [o for r in results for o in r.outcomes]
     if len(variants) == 1:
         return 1 if any(o["found"] for o in outcomes) else 0
-    return 0 if all(o["found"] == expects_a_finding(o["variant"]) for o in outcomes) else 1
+    return 0 if all(did_its_job(o["variant"], o["found"], o["checker"]) for o in outcomes) else 1
+
+
+def job_verdict(outcome: dict[str, Any]) -> str:
+    """clean, FOUND, or "found as X" for a planted bug a checker that does not name it showed."""
+    if not outcome["found"]:
+        return "clean"
+    shown = variant_detection(outcome["variant"], True, outcome["checker"])
+    return shown if expects_a_finding(outcome["variant"]) and shown != FOUND else "FOUND"
 
 
 def report_jobs(results: list[JobResult], variants: list[str], database: str,
@@ -210,14 +218,15 @@ def report_jobs(results: list[JobResult], variants: list[str], database: str,
         return campaign_exit(results, variants)
     seeds = ", ".join(str(r.seed) for r in results)
     print(f"fuzz campaign: {len(results)} jobs (seeds {seeds}) sharing {database}")
-    print(f"{'job':>3} {'seed':>11} {'variant':24} {'verdict':7} {'checker':20} {'found by':8} "
-          f"{'to detection':>14} {'examples':>8} {'replayed':>8} {'restarts':>8}")
+    print(f"{'job':>3} {'seed':>11} {'variant':24} {'verdict':7} {'checker':20} {'finding':18} "
+          f"{'found by':8} {'to detection':>14} {'examples':>8} {'replayed':>8} "
+          f"{'restarts':>8}")
     for r in results:
         for o in r.outcomes:
             detect = (f"{o['examples_to_detection']} / {o['seconds_to_detection']:.1f}s"
                       if o["found"] else "-")
             print(f"{r.index:>3} {r.seed:>11} {o['variant']:24} "
-                  f"{'FOUND' if o['found'] else 'clean':7} {o['checker'] or '-':20} "
+                  f"{job_verdict(o):7} {o['checker'] or '-':20} {o.get('kind') or '-':18} "
                   f"{o.get('found_by') or '-':8} {detect:>14} {o['examples']:>8} "
                   f"{o.get('replayed', 0):>8} {o.get('restarts', 0):>8}")
     for variant in variants:

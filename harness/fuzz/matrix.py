@@ -67,6 +67,13 @@ class MatrixCell:
     graphs: tuple[int, ...]  # its capture sizes
     replay: str | None
     note: str
+    kind: str | None = None  # "reproducible" or "intermittent (r/N)" when found
+
+    @property
+    def intermittent(self) -> str:
+        """", intermittent (r/N)" for a finding that failed on some runs only; else ""."""
+        return f", {self.kind}" if self.found and self.kind not in (None, "reproducible") \
+            else ""
 
     def to_dict(self) -> dict[str, Any]:
         return {"row": self.row, "k": self.column.num_ubatches, "dp": self.column.dp_size,
@@ -74,7 +81,7 @@ class MatrixCell:
                 "detail": self.detail,
                 "examples": self.examples, "seconds": round(self.seconds, 3),
                 "tokens": [list(t) for t in self.tokens], "capture_sizes": list(self.graphs),
-                "replay": self.replay, "note": self.note}
+                "replay": self.replay, "note": self.note, "kind": self.kind}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> MatrixCell:
@@ -82,7 +89,7 @@ class MatrixCell:
                                              data.get("variant", "vllm")), data["found"],
                    data["checker"], data["detail"], data["examples"], data["seconds"],
                    tuple(tuple(t) for t in data["tokens"]), tuple(data["capture_sizes"]),
-                   data["replay"], data["note"])
+                   data["replay"], data["note"], data.get("kind"))
 
 
 def rows_for(patches: Sequence[VllmPatch], staged: bool = False) -> list[MatrixRow]:
@@ -149,4 +156,4 @@ def cell_from(row: MatrixRow, column: MatrixColumn, outcome: FuzzOutcome) -> Mat
     graphs = scenario.config.cudagraph_capture_sizes if scenario is not None else ()
     return MatrixCell(row.name, column, outcome.found, outcome.checker, outcome.detail,
                       outcome.examples, outcome.seconds, _tokens(scenario), tuple(graphs),
-                      outcome.replay, outcome.note)
+                      outcome.replay, outcome.note, outcome.kind)

@@ -10,7 +10,9 @@ that a log written by an older version still reads.
     {"type": "finding", "run": ..., "variant": ..., "world": ..., "found": bool,
      "checker": ... | null, "scenario": {...} | null, "examples": int, "seconds": float,
      "replay": ... | null, "blob": ... | null, "found_by": "replay" | "search" | null,
-     "replayed": int}
+     "replayed": int, "failed_runs": int | null, "runs": int | null}
+
+`failed_runs` of `runs` are set on an intermittent finding: a failure that passed its rerun.
 """
 
 from __future__ import annotations
@@ -61,6 +63,22 @@ class ExampleEntry:
 
 
 @dataclass(frozen=True)
+class Intermittency:
+    """A failure that passed on its rerun: how many of the runs of its scenario failed."""
+
+    failed: int
+    runs: int
+
+    @property
+    def label(self) -> str:
+        return f"intermittent ({self.failed}/{self.runs})"
+
+    @property
+    def detail(self) -> str:
+        return f"failed {self.failed} of {self.runs} runs"
+
+
+@dataclass(frozen=True)
 class FindingEntry:
     run: str
     variant: str
@@ -74,6 +92,14 @@ class FindingEntry:
     blob: str | None = None
     found_by: str | None = None  # "replay" (a failure saved in the database) or "search"
     replayed: int = 0  # saved failures the search replayed before drawing its own
+    failed_runs: int | None = None  # set, with `runs`, on an intermittent finding
+    runs: int | None = None
+
+    @property
+    def intermittency(self) -> Intermittency | None:
+        if self.failed_runs is None or self.runs is None:
+            return None
+        return Intermittency(self.failed_runs, self.runs)
 
 
 Entry = ExampleEntry | FindingEntry

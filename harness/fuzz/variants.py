@@ -267,11 +267,42 @@ EXEC_VARIANTS: dict[str, Variant] = {v.name: v for v in (
 EXEC_DEFAULT_HUNTS = ("vllm-exec-hang", "vllm-exec-crash")
 
 
+def _known(variant_name: str) -> Variant | None:
+    return (VARIANTS.get(variant_name) or SUT_VARIANTS.get(variant_name)
+            or EXEC_VARIANTS.get(variant_name))
+
+
 def expects_a_finding(variant_name: str) -> bool:
     """A planted (or shipped) bug must be found; the reference must stay clean."""
-    variant = (VARIANTS.get(variant_name) or SUT_VARIANTS.get(variant_name)
-               or EXEC_VARIANTS.get(variant_name))
+    variant = _known(variant_name)
     return variant is not None and not variant.is_reference
+
+
+FOUND, NOT_FOUND = "found", "not found"
+
+
+def detection(caught_by: tuple[str, ...], found: bool, checker: str | None) -> str:
+    """A search's result against the checkers that name its bug: "found" only when one of
+    them fired; "found as X" when checker X fired instead (a miss: the bug did not show as
+    itself); else "not found". The one rule for every table, report and exit code."""
+    if not found:
+        return NOT_FOUND
+    return FOUND if checker in caught_by else f"found as {checker}"
+
+
+def did_its_job(variant_name: str, found: bool, checker: str | None) -> bool:
+    """A planted bug must be found as itself; the reference (any finding fails it), or a
+    variant this version does not know, must stay clean."""
+    variant = _known(variant_name)
+    if variant is None or variant.is_reference:
+        return not found
+    return detection(variant.caught_by, found, checker) == FOUND
+
+
+def variant_detection(variant_name: str, found: bool, checker: str | None) -> str:
+    """`detection` by the checkers the named variant is known by (none for the reference)."""
+    variant = _known(variant_name)
+    return detection(variant.caught_by if variant else (), found, checker)
 
 
 def variant_named(name: str) -> Variant:

@@ -1,8 +1,10 @@
 """JUnit XML for CI: one suite per variant, one test case per finding.
 
-A finding fails by `finding_passes`: found on the reference, or a planted bug missed. Each
-checker that failed an example gets a case too; it fails only on the reference, where no
-checker may fail. A checker that applied to none of a variant's examples is a skipped case.
+A finding fails by `finding_passes`: found on the reference, or a planted bug missed (not
+found, or found as another checker than those that name it). An intermittent finding says so,
+with how many of its runs failed. Each checker that failed an example gets a case too; it
+fails only on the reference, where no checker may fail. A checker that applied to none of a
+variant's examples is a skipped case.
 """
 
 from __future__ import annotations
@@ -11,9 +13,15 @@ import json
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 
-from harness.fuzz.variants import expects_a_finding
+from harness.fuzz.variants import expects_a_finding, variant_named
 from harness.report.logs import Example, Finding, RunLogs, step_tokens
-from harness.report.outcome import finding_outcome, finding_passes, variant_order
+from harness.report.outcome import (
+    FOUND_ON_REFERENCE,
+    MISSED,
+    finding_outcome,
+    finding_passes,
+    variant_order,
+)
 
 
 def junit_xml(logs: RunLogs) -> str:
@@ -60,9 +68,7 @@ def _finding_case(finding: Finding, several: bool) -> ET.Element:
         if finding_passes(entry):
             ET.SubElement(case, "system-out").text = text
         else:
-            failure = ET.SubElement(case, "failure", message=entry.checker or "found",
-                                    type=finding_outcome(entry))
-            failure.text = text
+            _found_failure(case, finding, text)
     elif not finding_passes(entry):
         failure = ET.SubElement(case, "failure", message="missed", type=finding_outcome(entry))
         failure.text = (f"no checker failed in {entry.examples} examples "
@@ -70,9 +76,27 @@ def _finding_case(finding: Finding, several: bool) -> ET.Element:
     return case
 
 
+def _found_failure(case: ET.Element, finding: Finding, text: str) -> None:
+    """A failing finding: on the reference, or a planted bug found as another checker."""
+    entry = finding.entry
+    outcome = finding_outcome(entry)
+    runs = entry.intermittency
+    if outcome == FOUND_ON_REFERENCE:
+        message = f"{entry.checker}, {runs.label}" if runs else entry.checker or "found"
+        ET.SubElement(case, "failure", message=message, type=outcome).text = text
+        return
+    named = ", ".join(variant_named(entry.variant).caught_by)
+    ET.SubElement(case, "failure", message=outcome, type=MISSED).text = (
+        f"{outcome}: the planted bug is named by {named}; a finding by another checker is "
+        f"a miss\n{text}")
+
+
 def _found_text(finding: Finding) -> str:
     entry = finding.entry
     lines = [f"checker: {entry.checker}", f"examples: {entry.examples}"]
+    if entry.intermittency is not None:
+        runs = entry.intermittency
+        lines.append(f"{runs.label}: {runs.detail} of its scenario; not shrunk")
     if finding.scenario is not None:
         lines.append(f"tokens per step per rank: {step_tokens(finding.scenario)}")
     if entry.replay:

@@ -86,7 +86,8 @@ _VERDICT_FIELDS: dict[str, tuple[type, ...]] = {
 _FINDING_FIELDS: dict[str, tuple[type, ...]] = {
     "run": (str,), "variant": (str,), "world": (str,), "found": (bool,),
     "checker": (str, type(None)), "examples": (int,), "seconds": (int, float),
-    "replay": (str, type(None)), "blob": (str, type(None))}
+    "replay": (str, type(None)), "blob": (str, type(None)),
+    "failed_runs": (int, type(None)), "runs": (int, type(None))}
 
 
 def _check_fields(obj: object, types: dict[str, tuple[type, ...]], where: str) -> None:

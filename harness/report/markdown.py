@@ -6,7 +6,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from harness.report.logs import Finding, RunLogs, step_tokens
-from harness.report.outcome import finding_outcome, summary_line, variant_order
+from harness.report.outcome import finding_kind, finding_outcome, summary_line, variant_order
 
 
 def summary_markdown(logs: RunLogs, maps: Sequence[str] = ()) -> str:
@@ -32,13 +32,14 @@ def _findings_table(findings: Sequence[Finding]) -> list[str]:
     lines = ["## Findings", ""]
     if not findings:
         return lines + ["No findings in the log (an interrupted run?).", ""]
-    lines += ["| variant | world | verdict | checker | examples | seconds | shrunk tokens |",
-              "|---|---|---|---|---|---|---|"]
+    lines += ["| variant | world | verdict | checker | finding | examples | seconds | "
+              "shrunk tokens |", "|---|---|---|---|---|---|---|---|"]
     order = {v: i for i, v in enumerate(variant_order(f.entry.variant for f in findings))}
     for finding in sorted(findings, key=lambda f: order[f.entry.variant]):
         e = finding.entry
-        cells = [e.variant, e.world, finding_outcome(e), e.checker or "-", str(e.examples),
-                 f"{e.seconds:.1f}", format_tokens(finding)]
+        cells = [e.variant, e.world, finding_outcome(e), e.checker or "-",
+                 finding_kind(e) or "-", str(e.examples), f"{e.seconds:.1f}",
+                 format_tokens(finding)]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return lines + [""]
 

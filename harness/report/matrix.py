@@ -27,7 +27,8 @@ def cell_text(cell: MatrixCell, markdown: bool = True) -> str:
     graph = next((g for g in cell.graphs if last and g >= max(last)), None)
     where = f"{last}" + (f" on G={graph}" if graph else "")
     bold = "**" if markdown else ""
-    return f"{bold}found{bold} by {cell.checker}: {where} ({cell.examples} ex, {seconds})"
+    return (f"{bold}found{bold} by {cell.checker}{cell.intermittent}: {where} "
+            f"({cell.examples} ex, {seconds})")
 
 
 def matrix_markdown(cells: Sequence[MatrixCell], tested: str, budget: str) -> str:

@@ -127,7 +127,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
 
     def show(cell: MatrixCell) -> None:
         if not args.json:
-            verdict = f"found by {cell.checker}" if cell.found else "clean"
+            verdict = f"found by {cell.checker}{cell.intermittent}" if cell.found else "clean"
             print(f"  {cell.row:28} {cell.column.label:10} {verdict} ({cell.examples} "
                   f"examples, {cell.seconds:.1f} s)", flush=True)
 

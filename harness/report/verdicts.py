@@ -3,12 +3,15 @@
     {"verdicts": [{"variant", "world", "run", "scenario_name", "tokens", "step", "phase",
                    "checker", "ok", "outcome", "detail"}],
      "findings": [{"variant", "world", "run", "outcome", "passes", "found", "checker",
-                   "scenario_name", "tokens", "examples", "seconds", "replay", "blob",
-                   "scenario"}]}
+                   "kind", "failed_runs", "runs", "scenario_name", "tokens", "examples",
+                   "seconds", "replay", "blob", "scenario"}]}
 
 `tokens` is per step, per rank token counts; `phase` is "start-up" (capture), "step" (`step`
 its index) or "scenario" (once over every step; `step` null for it and for start-up);
 `outcome` is "held", "failed" or "not applicable" (`ok` is true for both but "failed").
+A finding's `outcome` is "pass", "MISSED", "found as CHECKER" (a planted bug shown by a
+checker that does not name it) or "FOUND-ON-REFERENCE"; its `kind` null (nothing found),
+"reproducible" or "intermittent (r/N)" (failed r of its N runs; `failed_runs`, `runs`).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import json
 from typing import Any
 
 from harness.report.logs import Example, Finding, RunLogs, step_tokens
-from harness.report.outcome import finding_outcome, finding_passes
+from harness.report.outcome import finding_kind, finding_outcome, finding_passes
 
 
 def verdicts_json(logs: RunLogs) -> str:
@@ -50,7 +53,8 @@ def finding_row(finding: Finding) -> dict[str, Any]:
     scenario = finding.scenario
     return {"variant": entry.variant, "world": entry.world, "run": entry.run,
             "outcome": finding_outcome(entry), "passes": finding_passes(entry),
-            "found": entry.found, "checker": entry.checker,
+            "found": entry.found, "checker": entry.checker, "kind": finding_kind(entry),
+            "failed_runs": entry.failed_runs, "runs": entry.runs,
             "scenario_name": None if scenario is None else scenario.name,
             "tokens": None if scenario is None else step_tokens(scenario),
             "examples": entry.examples, "seconds": entry.seconds, "replay": entry.replay,
