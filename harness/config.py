@@ -150,7 +150,7 @@ class HarnessConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(name, f"must be a non-negative integer, got {value!r}")
         self._validate_types()
-        check_spec_decoding(s.decode_query_len, s.varlen_decode, self.use_ubatching)
+        check_spec_decoding(s.decode_query_len, s.varlen_decode, self.use_ubatching, s.release)
         self._validate_capture_sizes()
         if self.use_ubatching:
             self._validate_microbatching()

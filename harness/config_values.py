@@ -9,6 +9,7 @@ import threading
 from typing import Any
 
 from harness.errors import ConfigError
+from harness.vllm_code.release import Release
 
 # Thread waits and sleeps overflow past threading.TIMEOUT_MAX (about 292 years), and a world
 # waits up to 4x a step deadline: no one bound may exceed an eighth of it.
@@ -82,17 +83,19 @@ def varlen_decode_token_sizes(max_tokens: int) -> list[int]:
     return sorted({s for s in grid if s < max_tokens} | {max_tokens}) if max_tokens > 0 else []
 
 
-def check_spec_decoding(decode_query_len: Any, varlen_decode: Any, use_ubatching: bool) -> None:
-    """Draft tokens (decode_query_len > 1) exist only without microbatching: vLLM's
+def check_spec_decoding(decode_query_len: Any, varlen_decode: Any, use_ubatching: bool,
+                        release: Release) -> None:
+    """Draft tokens (decode_query_len > 1) with microbatching only from 0.34 on: 0.33's
     VllmConfig._get_dbo_unsupported_features rejects speculative decoding with DBO; varlen
     decode graphs (adaptive verification) exist only with drafts (docs/spec.md §1.6)."""
     if (not isinstance(decode_query_len, int) or isinstance(decode_query_len, bool)
             or decode_query_len < 1):
         raise ConfigError("decode_query_len",
                           f"must be a positive integer, got {decode_query_len!r}")
-    if use_ubatching and decode_query_len != 1:
-        raise ConfigError("decode_query_len", f"is {decode_query_len}; vLLM rejects "
-                          "speculative decoding with DBO (microbatching): use 1")
+    if use_ubatching and decode_query_len != 1 and not release.spec_decode_with_dbo:
+        raise ConfigError("decode_query_len", f"is {decode_query_len}; vLLM {release.value} "
+                          "rejects speculative decoding with DBO (microbatching): use 1, "
+                          "or release 0.34")
     if not isinstance(varlen_decode, bool):
         raise ConfigError("varlen_decode", f"must be true or false, got {varlen_decode!r}")
     if varlen_decode and decode_query_len == 1:

@@ -30,6 +30,7 @@ class CheckerName(StrEnum):
     SPLIT_CONSENSUS = "split_consensus"
     DISPATCH_CAPACITY = "dispatch_capacity"
     FRESH_RECEIVE = "fresh_receive"
+    TOKENS_IN_THEIR_REQUESTS = "tokens_in_their_requests"  # harness/check/token_cover.py
     # steps on vLLM's own execution code (harness/check/vllm_exec.py)
     UBATCHING_STATE = "ubatching_state"
     RECV_BEFORE_READ = "recv_before_read"

@@ -31,9 +31,27 @@ QUICK = settings(max_examples=60, database=None, deadline=None,
 @given(st.data())
 def test_a_config_drawn_for_its_drafts_has_draft_tokens_and_varlen_ones_pad_mixed_steps(data):
     config = data.draw(fuzz_configs({}, dp_sizes=(2,), drafts_every=1))
-    assert config.num_ubatches == 1 and config.serving.decode_query_len >= 2
+    assert config.serving.decode_query_len >= 2
+    if not config.serving.release.spec_decode_with_dbo:  # 0.33 drafts only unsplit
+        assert config.num_ubatches == 1
     if config.serving.varlen_decode:
         assert config.serving.cudagraph_mode is CudaGraphMode.FULL_AND_PIECEWISE
+
+
+def test_drafts_are_drawn_beside_microbatching_on_0_34_and_never_on_0_33():
+    # Over many draws of the plain reference configs, not one seed (issue 44 item 8).
+    split_drafts = {"0.33": 0, "0.34": 0}
+
+    @settings(max_examples=300, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(fuzz_configs({}, dp_sizes=(2,)))
+    def count(config):
+        if config.num_ubatches > 1 and config.serving.decode_query_len > 1:
+            split_drafts[config.serving.release.value] += 1
+
+    count()
+    assert split_drafts["0.33"] == 0
+    assert split_drafts["0.34"] >= 15, split_drafts
 
 
 @QUICK

@@ -45,15 +45,18 @@ def batch(lens, skip: bool = False, q: int = 3) -> RankBatch:
 
 # -- config ---------------------------------------------------------------------------------
 
-def test_draft_tokens_are_legal_without_microbatching_and_refused_with_it_naming_the_field():
+def test_draft_tokens_with_microbatching_are_refused_on_0_33_naming_the_field_and_legal_on_0_34():
     assert drafts().serving.decode_query_len == 3
     with pytest.raises(ConfigError) as error:
-        HarnessConfig.of(decode_query_len=2)  # DBO is on by default
+        HarnessConfig.of(decode_query_len=2, release="0.33")  # DBO is on by default
     assert error.value.field == "decode_query_len"
     assert "speculative decoding with DBO" in str(error.value)
     with pytest.raises(ConfigError) as error:
-        HarnessConfig.of(enable_dbo=False, ubatch_size=3, decode_query_len=2)
+        HarnessConfig.of(enable_dbo=False, ubatch_size=3, decode_query_len=2, release="0.33")
     assert error.value.field == "decode_query_len"
+    assert HarnessConfig.of(decode_query_len=2).num_ubatches == 2  # 0.34, the default
+    assert HarnessConfig.of(enable_dbo=False, ubatch_size=3, decode_query_len=4,
+                            varlen_decode=True).num_ubatches == 3
 
 
 @pytest.mark.parametrize("changes, field", [

@@ -8,8 +8,16 @@ from collections.abc import Sequence
 
 from harness.check.verdict import Judgement, failed, held, not_applicable
 from harness.config import CudaGraphMode
+from harness.history.decision import StepPlan
 from harness.history.records import StepRecord
-from harness.sut.slicing import region_bounds
+
+
+def region_spans(plan: StepPlan) -> list[tuple[int, int]]:
+    """The token spans of the plan's regions, laid end to end from token 0."""
+    starts = [0]
+    for region in plan.regions:
+        starts.append(starts[-1] + region.tokens)
+    return list(zip(starts, starts[1:], strict=False))
 
 
 def _ran(records: Sequence[StepRecord]) -> list[StepRecord]:
@@ -56,7 +64,7 @@ def check_eager_slices(records: Sequence[StepRecord]) -> Judgement:
         if rec.executed != "eager-microbatched":
             continue
         plan = rec.plan
-        want_tokens = list(region_bounds(plan.num_tokens, plan.desc.num_ubatches))
+        want_tokens = region_spans(plan)
         got_tokens = [(s[2], s[3]) for s in rec.ran_split]
         if got_tokens != want_tokens:
             return failed(f"rank {rec.rank} ran token slices {got_tokens}, not the "

@@ -84,7 +84,7 @@ def explore(config: HarnessConfig, max_tokens: int) -> ExhaustiveResult:
     for tokens in token_vectors(config, limit):
         vectors += 1
         rows = gather_columns([columns[r][n] for r, n in enumerate(tokens)])
-        plans = [plan_step(rank, batches[n],
+        plans = [plan_step(config, rank, batches[n],
                            decide_from_matrix(config, tables[rank], rows, batches[n]))
                  for rank, n in enumerate(tokens)]
         for checker, detail in structural_failures(plans):

@@ -38,6 +38,8 @@ class ReferenceRows:
     # Per rank, the unpatched vLLM's plan, when a patched one decided and that comparison
     # was asked for (`differential_against_base`).
     base_plans: tuple[StepPlan, ...] | None = None
+    # Per rank, the step's input: its requests' query lengths, in batch order.
+    query_lens: tuple[tuple[int, ...], ...] = ()
 
 
 def reference_rows(scenario: Scenario) -> list[ReferenceRows]:
@@ -65,7 +67,8 @@ def reference_rows(scenario: Scenario) -> list[ReferenceRows]:
                                         for dest in range(config.serving.dp_size)),
                                   plans, expected,
                                   None if base is None else tuple(
-                                      plans_without_world(base, batches))))
+                                      plans_without_world(base, batches)),
+                                  tuple(b.request_query_lens() for b in batches)))
     return rows
 
 

@@ -10,7 +10,15 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from harness.check import checkers, execution, startup, stream_order, vllm_exec, whole_run
+from harness.check import (
+    checkers,
+    execution,
+    startup,
+    stream_order,
+    token_cover,
+    vllm_exec,
+    whole_run,
+)
 from harness.check.reference import ReferenceRows
 from harness.check.verdict import Judgement, Verdict, not_applicable
 from harness.history.records import StartupRecord, StepRecord
@@ -117,6 +125,9 @@ REGISTRY: tuple[Checker, ...] = (
     Checker(N.SPLIT_CONSENSUS, Phase.STEP, _records(execution.check_split_consensus)),
     Checker(N.DISPATCH_CAPACITY, Phase.STEP, _records(execution.check_dispatch_capacity)),
     Checker(N.FRESH_RECEIVE, Phase.STEP, _records(execution.check_fresh_receive)),
+    Checker(N.TOKENS_IN_THEIR_REQUESTS, Phase.STEP,
+            lambda s: token_cover.check_tokens_in_their_requests(s.records,
+                                                                 s.reference.query_lens)),
     Checker(N.UBATCHING_STATE, Phase.STEP, _records(vllm_exec.check_ubatching_state)),
     Checker(N.RECV_BEFORE_READ, Phase.STEP, _records(vllm_exec.check_recv_before_read)),
     # Each rank's order is its own: a race is named even beside a rank that left no record.

@@ -13,18 +13,22 @@ from hypothesis import strategies as st
 
 from harness.batch import dummy_query_lens
 from harness.config import HarnessConfig
-from harness.spec.decision import graph_table
+from harness.spec.decision import cut_length, graph_table, last_region_start
 
 DRAFT_LAYOUTS = ("varlen", "uniform", "prefill")
 DECODE_LAYOUTS = ("varlen", "uniform")
 
 
-def draft_fields(draw, pick, drafting: bool = False) -> dict[str, Any]:
+def draft_fields(draw, pick, drafting: bool = False, rarely: bool = False) -> dict[str, Any]:
     """Speculative decoding's fields: 1 + up to 3 draft tokens per decode request (at least
-    one when `drafting`, a config drawn for its drafts), and with drafts three configs in four
+    one when `drafting`, a config drawn for its drafts; in one config of four when `rarely`,
+    microbatched configs, whose other bugs need none), and with drafts three configs in four
     varlen decode graphs (adaptive verification), the graphs the query-length bound chooses
     between; shrunk, the simplest config has none."""
-    q = pick("decode_query_len", st.integers(2 if drafting else 1, 4))
+    lengths = st.integers(2 if drafting else 1, 4)
+    if rarely and not drafting:
+        lengths = st.integers(0, 3).flatmap(lambda r: st.integers(2, 4) if r == 3 else st.just(1))
+    q = pick("decode_query_len", lengths)
     varlen = pick("varlen_decode", st.integers(0, 3).map(bool) if q > 1 else st.just(False))
     return {"decode_query_len": q, "varlen_decode": varlen}
 
@@ -62,3 +66,23 @@ def decode_beside_prefill(draw, config: HarnessConfig) -> list[tuple[int, str]]:
     return [(draw(st.integers(q + 1, top)), "prefill") if rank in prefills
             else (draw(st.integers(1, top)), draw(st.sampled_from(DECODE_LAYOUTS)))
             for rank in range(dp)]
+
+
+@st.composite
+def uniform_beside_twin(draw, config: HarnessConfig) -> list[tuple[int, str]]:
+    """Per rank uniform decodes of q tokens, every rank within one microbatched twin of
+    n x q tokens and one rank on (or a request either side of) the start of its last region,
+    where the guard decides: from 0.34 the split cuts between requests (§4.1), so that
+    start is not G/k's. Empty where the config captures no such twin."""
+    q, k = config.serving.decode_query_len, config.num_ubatches
+    twins = [d for d in graph_table(config, 0)
+             if d.num_ubatches > 1 and d.uniform_token_count == q]
+    if q < 2 or not twins:
+        return []
+    twin = draw(st.sampled_from(twins))
+    start = last_region_start(twin.num_tokens, k, cut_length(config, q))
+    light = max(0, start + q * draw(st.sampled_from((0, -1, 1))))
+    counts = [draw(st.integers(-(-start // q), twin.num_tokens // q)) * q
+              for _ in range(config.serving.dp_size)]
+    counts[draw(st.integers(0, len(counts) - 1))] = min(light, twin.num_tokens)
+    return [(n, "uniform") for n in counts]

@@ -18,9 +18,16 @@ from harness.config import All2AllBackend, CudaGraphMode, Guard, HarnessConfig, 
 from harness.errors import ConfigError
 from harness.faults import Fault, FaultKind
 from harness.gen.aim import steps_with_microbatch_threads
-from harness.gen.drafts import DRAFT_LAYOUTS, decode_beside_prefill, draft_fields, draft_layout
+from harness.gen.drafts import (
+    DRAFT_LAYOUTS,
+    decode_beside_prefill,
+    draft_fields,
+    draft_layout,
+    uniform_beside_twin,
+)
 from harness.scenario import Scenario
 from harness.spec.decision import last_region_start
+from harness.vllm_code.release import Release
 
 GRAPH_MODES = (CudaGraphMode.FULL, CudaGraphMode.FULL_DECODE_ONLY,
                CudaGraphMode.FULL_AND_PIECEWISE, CudaGraphMode.NONE)
@@ -28,6 +35,8 @@ GRAPH_MODES = (CudaGraphMode.FULL, CudaGraphMode.FULL_DECODE_ONLY,
 # The fuzzer's config space: few distinct values, so that a persistent world captures each
 # config's graphs once and replays them across many examples.
 SIZE_CHOICES = (4, 8, 12, 16, 32, 48)
+# The newest first: a shrunk example models the release users run.
+RELEASES = (Release.V0_34, Release.V0_33)
 DECODE_THRESHOLDS = (2, 4, 8, 16)
 PREFILL_THRESHOLDS = (4, 16, 32)
 FUZZ_MAX_TOKENS = 64
@@ -78,18 +87,20 @@ def fuzz_configs(draw, fixed: Mapping[str, Any] | None = None, *,
         return fixed.pop(name) if name in fixed else draw(drawn.pop(name, strategy))
 
     fields: dict[str, Any] = {"dp_size": pick("dp_size", st.sampled_from(dp_sizes))}
+    release = Release(pick_early("release", st.sampled_from(RELEASES)))
+    fields["release"] = release
     pinned = {key: fixed.pop(key) if key in fixed else draw(drawn.pop(key))
               for key in ("enable_dbo", "ubatch_size") if key in fixed or key in drawn}
-    # Microbatching off is the only place draft tokens exist (vLLM rejects speculative
-    # decoding with DBO); the last value, so that the simplest config keeps it on.
-    drafting = bool(not pinned and drafts_every
+    # Before 0.34 microbatching off is the only place draft tokens exist (vLLM rejected
+    # speculative decoding with DBO); the last value, so that the simplest config keeps it on.
+    drafting = bool((release.spec_decode_with_dbo or not pinned) and drafts_every
                     and draw(st.integers(1, drafts_every)) == drafts_every)
-    if drafting:
+    if drafting and not release.spec_decode_with_dbo:
         pinned = {"enable_dbo": False, "ubatch_size": 0}
     fields.update(pinned or ubatching_fields(draw(st.sampled_from(ubatch_counts))))
     k = HarnessConfig.microbatches_of(fields.get("enable_dbo", True), fields.get("ubatch_size", 0))
-    if k == 1:
-        fields.update(draft_fields(draw, pick_early, drafting))
+    if k == 1 or release.spec_decode_with_dbo:
+        fields.update(draft_fields(draw, pick_early, drafting, rarely=k > 1))
     mode = pick("cudagraph_mode", graph_modes(fields.get("varlen_decode", False)))
     sizes = pick("capture_sizes", st.lists(st.sampled_from(SIZE_CHOICES), min_size=1,
                                            max_size=2, unique=True).map(sorted))
@@ -286,9 +297,12 @@ def draft_batches(draw, config: HarnessConfig) -> list[RankBatch]:
     as decodes of 1..q tokens (what varlen decode graphs serve), uniform decodes of exactly q
     (the uniform spec-decode graphs), or a batch with a prefill (no query-length bound), next
     to each other; one step in BOUND_EVERY prefills beside decodes within one graph (where
-    the synced bound decides); and each rank's skip_drafts vote (docs/spec.md §1.6)."""
-    shaped = (draw(decode_beside_prefill(config))
-              if draw(st.integers(1, BOUND_EVERY)) == BOUND_EVERY else [])
+    the synced bound decides), one in 2 * BOUND_EVERY uniform decodes around a twin's last
+    region; and each rank's skip_drafts vote (docs/spec.md §1.6, §4.1)."""
+    shape = draw(st.integers(0, 2 * BOUND_EVERY - 1))
+    # Shrinks toward the plain skew (0); half the steps put a prefill beside decodes.
+    shaped = (draw(decode_beside_prefill(config)) if shape >= BOUND_EVERY else
+              draw(uniform_beside_twin(config)) if shape == 1 else [])
     if not shaped:
         shaped = [(n, draw(st.sampled_from(DRAFT_LAYOUTS)))
                   for n in draw(skewed_token_counts(config))]

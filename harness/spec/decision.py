@@ -79,19 +79,27 @@ def thresholds_hold(config: HarnessConfig, n: int, uniform_decode: bool,
     return n >= (decode_threshold if uniform_decode else config.serving.prefill_threshold)
 
 
-def guard_says_eager(config: HarnessConfig, min_tokens: int, graph_tokens: int) -> bool:
-    """§3.2: the guard variant the config selects, against G = graph_tokens."""
-    k = config.num_ubatches
+def guard_says_eager(config: HarnessConfig, min_tokens: int, graph: GraphDescriptor) -> bool:
+    """§3.2: the guard variant the config selects, against G = the graph's tokens; the fixed
+    one asks whether the smallest rank reaches the last region of the graph's own split."""
+    k, g = config.num_ubatches, graph.num_tokens
     if config.mutation.guard is Guard.MERGED:
-        return 2 * min_tokens < graph_tokens
+        return 2 * min_tokens < g
     if config.mutation.guard is Guard.STRICT_K2:
-        return 2 * min_tokens <= graph_tokens
-    return min_tokens <= last_region_start(graph_tokens, k)
+        return 2 * min_tokens <= g
+    return min_tokens <= last_region_start(g, k, cut_length(config, graph.uniform_token_count))
 
 
-def last_region_start(padded: int, k: int) -> int:
-    """§4.1: where the last of k regions of floor(P/k) tokens starts (it takes the rest)."""
-    return (padded // k) * (k - 1)
+def cut_length(config: HarnessConfig, uct: int | None) -> int | None:
+    """§4.1: the request length a split respects: 0.34 only, and only a uniform one."""
+    return uct if newest(config) else None
+
+
+def last_region_start(padded: int, k: int, q: int | None = None) -> int:
+    """§4.1: where the last region starts (it takes the rest): after k - 1 regions of
+    floor(P/k) tokens, or of floor(P/(qk)) whole requests of q > 1 tokens when one fits."""
+    whole = padded // (q * k) if q is not None and q > 1 else 0
+    return (whole * q if whole else padded // k) * (k - 1)
 
 
 def staging_keeps(config: HarnessConfig, graph: GraphDescriptor, min_tokens: int,
@@ -294,7 +302,7 @@ def reached(config: HarnessConfig, table: Sequence[GraphDescriptor],
         return False
     if dispatch(config, table, n // q, n, q, num_ubatches=config.num_ubatches) != twin:
         return False
-    return not guard_says_eager(config, n, twin.num_tokens)
+    return not guard_says_eager(config, n, twin)
 
 
 # -- §1 the DP sync and §2.4 / §4.1 the plan -------------------------------------------------
@@ -325,7 +333,7 @@ def spec_plans(config: HarnessConfig, batches: Sequence[RankBatch]) -> list[Step
                              max_query_lens, allows, reqs)
         if state is not None:
             state = replace(state, skip_drafts=skip)
-        plans.append(pad_and_split(rank, batch, desc, state))
+        plans.append(pad_and_split(config, rank, batch, desc, state))
     return plans
 
 
@@ -351,7 +359,7 @@ def decide(config: HarnessConfig, table: Sequence[GraphDescriptor], batch: RankB
             # a k-way dispatch only ever answers a twin or NONE at max_tokens (§2.3 note)
             if graph.cg_mode is not NONE:
                 staged = staging_keeps(config, graph, min_tokens, batch.num_tokens)
-                if staged or not guard_says_eager(config, min_tokens, graph.num_tokens):
+                if staged or not guard_says_eager(config, min_tokens, graph):
                     desc = graph
         if desc is None:  # 2b / T2: split eagerly at the largest rank's size
             desc = GraphDescriptor(NONE, max_tokens, batch.num_reqs, num_ubatches=k)
@@ -372,10 +380,11 @@ def decide(config: HarnessConfig, table: Sequence[GraphDescriptor], batch: RankB
                              num_reqs=state_reqs)
 
 
-def pad_and_split(rank: int, batch: RankBatch, desc: GraphDescriptor,
+def pad_and_split(config: HarnessConfig, rank: int, batch: RankBatch, desc: GraphDescriptor,
                   state: DpSyncState | None) -> StepPlan:
     """§2.4: pad to max(N_r, G) tokens and to the descriptor's requests when it sets them;
-    §4.1: a split step gets k regions of floor(P/k), the last taking the rest."""
+    §4.1: a split step gets k regions, the last taking the rest. A FULL replay cuts as its
+    graph was captured, an eager split by the synced uniform length."""
     real = batch.num_tokens
     padded = max(real, desc.num_tokens)
     num_reqs = batch.num_reqs if desc.num_reqs is None else desc.num_reqs
@@ -383,7 +392,9 @@ def pad_and_split(rank: int, batch: RankBatch, desc: GraphDescriptor,
     staged = state is not None and state.staged_tokens is not None
     if desc.num_ubatches > 1:
         k = desc.num_ubatches
-        size = padded // k
+        uct = desc.uniform_token_count if desc.cg_mode is FULL or state is None \
+            else state.uniform_token_count
+        size = last_region_start(padded, k, cut_length(config, uct)) // (k - 1)
         for i in range(k):
             start = i * size
             end = padded if i == k - 1 else start + size

@@ -19,6 +19,7 @@ from harness.config import CudaGraphMode, HarnessConfig
 from harness.history.decision import DpSyncState, GraphDescriptor
 from harness.runtime.comm import CollectiveLog, all_reduce_sum
 from harness.sut.graph_table import GraphTable
+from harness.sut.slicing import split_uct_of
 from harness.sut.staging import stages_step
 from harness.sut.thresholds import guard_sends_to_eager, ubatch_thresholds_met
 
@@ -109,7 +110,8 @@ def _microbatched(config: HarnessConfig, table: GraphTable, tokens: list[int], r
         # Guard staged keeps a twin the fixed guard refuses when staging fills it (§3.4).
         staged = stages_step(config, tokens, batch.num_tokens, desc)
         if not staged and guard_sends_to_eager(config.mutation.guard, smallest,
-                                               desc.num_tokens, k):
+                                               desc.num_tokens, k,
+                                               split_uct_of(config, desc, None)):
             desc = None
     if desc is None:
         desc = GraphDescriptor(CudaGraphMode.NONE, largest, batch.num_reqs, num_ubatches=k)

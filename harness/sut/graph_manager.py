@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from harness.batch import dummy_query_lens
 from harness.bug_switches import CaptureKey
 from harness.config import CaptureOn, CudaGraphMode, HarnessConfig
-from harness.history.decision import GraphDescriptor
+from harness.history.decision import DpSyncState, GraphDescriptor
 from harness.model.mini_moe import MiniMoE
 from harness.model.state import RequestSpec, StateCache
 from harness.model.step_buffers import StepBuffers, UbatchMetadata, prepare_microbatch
@@ -23,7 +23,7 @@ from harness.model.ubatch_slice import UbatchSlice
 from harness.runtime.comm import CollectiveLog
 from harness.sut.graph_table import GraphTable
 from harness.sut.microbatch_runner import MicrobatchRunner, prepare_options
-from harness.sut.slicing import region_bounds
+from harness.sut.slicing import region_bounds, split_uct_of
 from harness.sut.staged_replay import StagedLayout, restore, stage
 
 Fingerprint = tuple[tuple[str, tuple[int, ...]], ...]
@@ -64,7 +64,7 @@ class GraphManager:
         if not desc.microbatched or self.config.mutation.capture_key is CaptureKey.TOTAL:
             return desc
         first_two = sum(end - start for start, end in region_bounds(
-            desc.num_tokens, desc.num_ubatches)[:2])
+            desc.num_tokens, desc.num_ubatches, split_uct_of(self.config, desc, None))[:2])
         return replace(desc, num_tokens=first_two)
 
     def lookup(self, desc: GraphDescriptor) -> CapturedGraph | None:
@@ -111,7 +111,8 @@ class GraphManager:
         graph = self.backend.new_graph()
         start = self.log.mark()
         if desc.microbatched:
-            state = self.runner.prepare(buffers, lens)
+            state = self.runner.prepare(buffers, lens,
+                                        split_uct=split_uct_of(self.config, desc, None))
             finish = self.runner.begin_capturable_run(self.model, self.cache, state,
                                                       for_capture=True)
             with self.backend.capture(graph, self.capture_stream_for(desc), pool=self.pool):
@@ -134,12 +135,13 @@ class GraphManager:
             yield
         previous.wait_stream(stream)
 
-    def run_eager(self, desc: GraphDescriptor, buffers: StepBuffers, lens,
-                  faults=()) -> tuple[UbatchSlice, ...]:
-        """An eager step on `buffers`, microbatched on threads when `desc` says so; returns
-        the split it ran."""
+    def run_eager(self, desc: GraphDescriptor, buffers: StepBuffers, lens, faults=(),
+                  sync: DpSyncState | None = None) -> tuple[UbatchSlice, ...]:
+        """An eager step on `buffers`, microbatched on threads when `desc` says so (split as
+        the DP `sync` agreed); returns the split it ran."""
         if desc.microbatched:
-            state = self.runner.prepare(buffers, lens)
+            state = self.runner.prepare(buffers, lens,
+                                        split_uct=split_uct_of(self.config, desc, sync))
             self.runner.run(self.model, self.cache, state, faults=faults)
             return state.slices
         self.model.forward(self._prepare_whole(buffers), self.cache)
@@ -160,7 +162,8 @@ class GraphManager:
         else:
             lens = stage(captured.buffers, requests, layout, self.cache.scratch_slot)
         if desc.microbatched:
-            split = self.runner.prepare(captured.buffers, lens, for_replay=True).slices
+            split = self.runner.prepare(captured.buffers, lens, for_replay=True,
+                                        split_uct=split_uct_of(self.config, desc, None)).slices
         else:
             self._prepare_whole(captured.buffers, for_replay=True)
             split = (captured.buffers.whole(),)

@@ -15,6 +15,7 @@ from harness.config import CudaGraphMode, HarnessConfig, Twins
 from harness.config_values import varlen_decode_token_sizes
 from harness.history.decision import GraphDescriptor
 from harness.sut.descriptor import is_compatible
+from harness.sut.slicing import split_uct_of
 from harness.sut.thresholds import guard_sends_to_eager, ubatch_thresholds_met
 
 
@@ -217,7 +218,8 @@ class GraphTable:
             return None
         if self.dispatch(n // q, n, q, num_ubatches=k) != twin:
             return None
-        if guard_sends_to_eager(self.config.mutation.guard, n, twin.num_tokens, k):
+        if guard_sends_to_eager(self.config.mutation.guard, n, twin.num_tokens, k,
+                                split_uct_of(self.config, twin, None)):
             return None
         return n
 

@@ -87,10 +87,11 @@ class MicrobatchRunner:
         return [t.name for t in self.threads.alive_threads()]
 
     def prepare(self, step: StepBuffers, query_lens: Sequence[int],
-                for_replay: bool = False) -> UbatchState:
-        """Split the (padded) step and write each microbatch's metadata in place."""
+                for_replay: bool = False, split_uct: int | None = None) -> UbatchState:
+        """Split the (padded) step (cut by `split_uct`, slicing.split_uct_of) and write each
+        microbatch's metadata in place."""
         slices = clamped_ubatch_slices(query_lens, step.num_tokens, step.num_reqs,
-                                       self.num_ubatches)
+                                       self.num_ubatches, split_uct)
         options = prepare_options(self.config, for_replay)
         microbatches = tuple(prepare_microbatch(step, self.metas[i], s, i, **options)
                              for i, s in enumerate(slices))

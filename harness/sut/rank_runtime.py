@@ -168,7 +168,8 @@ class RankRuntime:
             else:
                 buffers = self._eager_buffers(plan_ran.num_tokens, self._eager_reqs(plan_ran),
                                               requests)
-                ran = self.manager.run_eager(desc, buffers, lens or (1,), faults)
+                ran = self.manager.run_eager(desc, buffers, lens or (1,), faults,
+                                             plan_ran.state)
                 fingerprint = self.log.since(mark)
                 outputs = buffers.output[:batch.num_tokens]
                 executed = "eager-microbatched" if desc.microbatched else "eager"

@@ -13,3 +13,13 @@ class Release(enum.Enum):
     @property
     def request_keyed_decode(self) -> bool:
         return self is Release.V0_34
+
+    @property
+    def request_boundary_split(self) -> bool:
+        """0.34 splits a uniform batch of multi-token queries between requests (§4.1)."""
+        return self is Release.V0_34
+
+    @property
+    def spec_decode_with_dbo(self) -> bool:
+        """0.34 lets speculative decoding run microbatched; 0.33 refuses it (§1.6)."""
+        return self is Release.V0_34

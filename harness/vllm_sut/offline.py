@@ -58,5 +58,5 @@ def vllm_plans_without_world(config: HarnessConfig,
     """Every rank's plan, as vLLM's code for `config` makes it, with no process group."""
     total = sum(contribution(config, rank, b) for rank, b in enumerate(batches))
     stand_in = _SummedAlready(total)
-    return [plan_step(rank, b, sync_with(stand_in, config, rank, b))
+    return [plan_step(config, rank, b, sync_with(stand_in, config, rank, b))
             for rank, b in enumerate(batches)]

@@ -13,4 +13,4 @@ from harness.vllm_sut.sync import vllm_sync
 def vllm_decide_on_rank(group, config: HarnessConfig, rank: int, batch: RankBatch,
                         timeout_s: float, log: CollectiveLog | None = None) -> StepPlan:
     """Same contract as harness.sut.step_plan.decide_on_rank, with vLLM 0.33.0 deciding."""
-    return plan_step(rank, batch, vllm_sync(group, config, rank, batch, timeout_s, log))
+    return plan_step(config, rank, batch, vllm_sync(group, config, rank, batch, timeout_s, log))
