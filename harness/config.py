@@ -32,7 +32,7 @@ from harness.config_parts import (
     UbatchProtocol,
     wire_value,
 )
-from harness.config_values import check_spec_decoding, default_capture_sizes
+from harness.config_values import check_draft_schedule, check_spec_decoding, default_capture_sizes
 from harness.data_file import read_data_file
 from harness.errors import ConfigError
 from harness.vllm_code.source import check_vllm_code_fields
@@ -117,6 +117,26 @@ class HarnessConfig:
                                      s.decode_query_len, s.release.request_keyed_decode)
 
     @property
+    def decode_query_lens(self) -> tuple[tuple[int, int], ...]:
+        """(q, most requests) per uniform decode query length, by batch size: the draft
+        schedule's, or the one q for any batch (vLLM's get_decode_cudagraph_query_lens)."""
+        s = self.serving
+        if s.draft_schedule is None:
+            return ((s.decode_query_len, s.max_num_reqs),)
+        return tuple(sorted(s.draft_schedule, key=lambda pair: pair[1]))
+
+    def query_len_for(self, num_reqs: int) -> int:
+        """The query length the draft schedule gives a decode batch of `num_reqs` requests."""
+        return next((q for q, most in self.decode_query_lens if num_reqs <= most),
+                    self.serving.decode_query_len)
+
+    def longest_uniform_batch(self, length: int) -> int:
+        """The most requests a uniform decode of `length` tokens each can have: a request
+        carries at most the drafts the schedule gives its batch size, maybe fewer (§1.6)."""
+        return max((b for b in range(1, self.serving.max_num_reqs + 1)
+                    if length <= self.query_len_for(b)), default=0)
+
+    @property
     def max_capture_size(self) -> int:
         sizes = self.cudagraph_capture_sizes
         return sizes[-1] if sizes else 0
@@ -151,6 +171,7 @@ class HarnessConfig:
                 raise ConfigError(name, f"must be a non-negative integer, got {value!r}")
         self._validate_types()
         check_spec_decoding(s.decode_query_len, s.varlen_decode, self.use_ubatching, s.release)
+        check_draft_schedule(s.draft_schedule, s.decode_query_len, s.max_num_reqs, s.release)
         self._validate_capture_sizes()
         if self.use_ubatching:
             self._validate_microbatching()
@@ -277,7 +298,7 @@ _OMITTED_WHEN_DEFAULT = ("vllm_src", "vllm_patches", "differential_against_base"
                          "decode_query_len", "varlen_decode", "query_len_bound", "execution",
                          "switch_to_compute", "continuation", "lookback_refresh", "idle_step",
                          "dummy_execution", "draft_sync_state", "replay_tag", "ids_gather_wait",
-                         "staging_restore", "staging_vote")
+                         "staging_restore", "staging_vote", "draft_schedule")
 
 
 def config_kwargs(data: dict[str, Any]) -> dict[str, Any]:

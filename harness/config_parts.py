@@ -99,6 +99,17 @@ def _enum(enum_cls: type[enum.Enum]) -> Callable[[Any, str], Any]:
     return lambda value, name: parse_enum(enum_cls, value, name)
 
 
+def _draft_schedule(value: Any, name: str) -> tuple[tuple[int, int], ...] | None:
+    """[[q, most requests], ...]: checked in full by config_values.check_draft_schedule."""
+    if value is None:
+        return None
+    if not isinstance(value, list | tuple) or not all(
+            isinstance(pair, list | tuple) and len(pair) == 2 for pair in value):
+        raise ConfigError(name, f"must be a list of [query length, most requests] pairs, "
+                          f"got {value!r}")
+    return tuple(tuple(pair) for pair in value)
+
+
 def _capture_sizes(value: Any, name: str) -> tuple[int, ...] | None:
     if value is None:
         return None
@@ -123,6 +134,7 @@ PARSERS: dict[str, Callable[[Any, str], Any]] = {
     "idle_step": _enum(IdleStep), "dummy_execution": _enum(DummyExecution),
     "draft_sync_state": _enum(DraftSyncState), "replay_tag": _enum(ReplayTag),
     "ids_gather_wait": _enum(IdsGatherWait), "release": _enum(Release),
+    "draft_schedule": _draft_schedule,
 }
 
 
@@ -139,7 +151,8 @@ def wire_value(value: Any) -> Any:
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, tuple):
-        return [v.to_dict() if isinstance(v, VllmPatch) else v for v in value]
+        return [v.to_dict() if isinstance(v, VllmPatch) else
+                list(v) if isinstance(v, tuple) else v for v in value]
     return value
 
 
@@ -158,10 +171,13 @@ class Serving:
     capture_sizes: tuple[int, ...] | None = None
     max_num_reqs: int = 64
     max_num_batched_tokens: int = 256
-    # Tokens of a decode request: 1 + draft tokens. Drafts exist only without microbatching
-    # (vLLM rejects speculative decoding with DBO); varlen_decode: adaptive verification.
+    # Tokens of a decode request: 1 + draft tokens (with microbatching from 0.34 on only);
+    # varlen_decode: adaptive verification.
     decode_query_len: int = 1
     varlen_decode: bool = False
+    # Dynamic speculative decoding (0.34): (q, most requests) pairs, batches of up to that
+    # many requests drafting q - 1 tokens (vLLM's get_decode_cudagraph_query_lens); None: one q.
+    draft_schedule: tuple[tuple[int, int], ...] | None = None
     all2all_backend: All2AllBackend = All2AllBackend.LOW_LATENCY
     release: Release = Release.V0_34
     # The GPU suite's world of one rank (one GPU): microbatching with dp_size 1, whose

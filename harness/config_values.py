@@ -101,3 +101,28 @@ def check_spec_decoding(decode_query_len: Any, varlen_decode: Any, use_ubatching
     if varlen_decode and decode_query_len == 1:
         raise ConfigError("varlen_decode", "needs decode_query_len > 1 (varlen decode graphs "
                           "serve speculative decoding's adaptive verification)")
+
+
+def check_draft_schedule(schedule: Any, decode_query_len: int, max_num_reqs: int,
+                         release: Release) -> None:
+    """Dynamic speculative decoding's (q, most requests) pairs (docs/spec.md §1.6): 0.34 only,
+    each q within 1..decode_query_len, each batch size under exactly one q, all of them."""
+    if schedule is None:
+        return
+    name = "draft_schedule"
+    if not release.request_keyed_decode:
+        raise ConfigError(name, f"is 0.34's dynamic speculative decoding; release is "
+                          f"{release.value}")
+    for q, most in schedule:
+        for value in (q, most):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(name, f"must hold positive integers, got {[q, most]!r}")
+        if q > decode_query_len:
+            raise ConfigError(name, f"query length {q} exceeds decode_query_len="
+                              f"{decode_query_len} (1 + the most drafts)")
+    lengths, limits = [q for q, _ in schedule], [most for _, most in schedule]
+    if len(set(lengths)) != len(lengths) or len(set(limits)) != len(limits):
+        raise ConfigError(name, f"repeats a query length or a request count: {schedule!r}")
+    if max(limits) != max_num_reqs:
+        raise ConfigError(name, f"must cover every batch size: its largest request count is "
+                          f"{max(limits)}, not max_num_reqs={max_num_reqs}")

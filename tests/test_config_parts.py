@@ -38,7 +38,8 @@ WIRE_FIELDS = {
     "differential_against_base", "capture_key", "eager_slices", "a2a_buffers", "ubatch_vote",
     "dummy_padding", "query_len_bound", "switch_to_compute", "single_rank_gpu_world",
     "continuation", "lookback_refresh", "idle_step", "dummy_execution", "draft_sync_state",
-    "replay_tag", "ids_gather_wait", "staging_restore", "staging_vote", "release"}
+    "replay_tag", "ids_gather_wait", "staging_restore", "staging_vote", "release",
+    "draft_schedule"}
 
 # Values for the mutation fields a variant draws per example rather than plants.
 DRAWN_MUTATION = {"threshold_offset_rank": 1, "threshold_offset": 4}
@@ -116,7 +117,7 @@ def test_the_fields_of_code_left_untested_stay_out_of_the_flat_dict():
         "vllm_src", "vllm_patches", "differential_against_base", "decode_query_len",
         "varlen_decode", "query_len_bound", "execution", "switch_to_compute", "continuation",
         "lookback_refresh", "idle_step", "dummy_execution", "draft_sync_state", "replay_tag",
-        "ids_gather_wait", "staging_restore", "staging_vote"}
+        "ids_gather_wait", "staging_restore", "staging_vote", "draft_schedule"}
 
 
 @pytest.mark.parametrize("path", sorted([*SCENARIOS.rglob("*.json"), *SCENARIOS.rglob("*.toml")]),

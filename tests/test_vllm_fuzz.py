@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from vllm_releases import SHIPS_THE_KNOWN_BUGS, on_installed, ships_the_known_bugs
 
-from harness.check.judge import judge
 from harness.fuzz.engine import FUZZ_TIMEOUTS, Budget, fuzz
 from harness.fuzz.variants import SUT_VARIANTS
+from harness.reference_plans import judge_run
 from harness.scenario import load_scenario, scenario_from_dict
 from harness.sut.thresholds import last_region_start
 from harness.vllm_sut.available import (
@@ -60,7 +60,7 @@ def test_the_differential_verdict_shows_vllm_and_the_reference_side_by_side():
                    "prefill_threshold": 32},
         "steps": [{"ranks": [32, 64]}, {"ranks": [40, 64]}]})
     with SimWorld(2, FUZZ_TIMEOUTS) as world:
-        result = judge(world.run(scenario))
+        result = judge_run(world.run(scenario))
     step0 = {v.checker: v for v in result.steps[0].verdicts}
     assert not step0["differential"].ok
     assert "full-microbatched (reference: eager-microbatched)" in step0["differential"].detail
@@ -73,12 +73,28 @@ VLLM_SCENARIOS = sorted((Path(__file__).resolve().parents[1] / "scenarios" / "vl
                         .glob("*.json"))
 
 
+# What the hunts found on one release's new surfaces, replayed where that release is installed.
+RELEASE_SCENARIOS = sorted((Path(__file__).resolve().parents[1] / "scenarios" / "vllm")
+                           .glob("[0-9]*/*.json"))
+
+
+@pytest.mark.parametrize("path", RELEASE_SCENARIOS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_each_finding_on_a_release_is_caught_there_and_clean_with_the_harness_deciding(path):
+    if installed_release().value != path.parent.name:
+        pytest.skip(f"found on vLLM {path.parent.name}; {vllm_version()} is installed")
+    _caught_and_clean(path)
+
+
+def _caught_and_clean(path: Path) -> None:
+    scenario = on_installed(load_scenario(path))
+    with SimWorld(scenario.config.serving.dp_size, FUZZ_TIMEOUTS) as world:
+        found = judge_run(world.run(scenario))
+        clean = judge_run(world.run(scenario.with_reference_behaviour()))
+    assert scenario.caught_by in [v.checker for _, v in found.failed_verdicts()]
+    assert clean.ok, clean.failed_verdicts()
+
+
 @known_bugs
 @pytest.mark.parametrize("path", VLLM_SCENARIOS, ids=lambda p: p.stem)
 def test_each_finding_on_vllm_is_caught_and_clean_with_the_harness_deciding(path):
-    scenario = on_installed(load_scenario(path))
-    with SimWorld(scenario.config.serving.dp_size, FUZZ_TIMEOUTS) as world:
-        found = judge(world.run(scenario))
-        clean = judge(world.run(scenario.with_reference_behaviour()))
-    assert scenario.caught_by in [v.checker for _, v in found.failed_verdicts()]
-    assert clean.ok, clean.failed_verdicts()
+    _caught_and_clean(path)

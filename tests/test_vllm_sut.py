@@ -15,7 +15,7 @@ from harness.batch import RankBatch
 from harness.config import CudaGraphMode, HarnessConfig
 from harness.sut.graph_table import GraphTable
 from harness.sut.step_plan import decide_on_rank
-from harness.vllm_sut.available import unavailable_reason, vllm_version
+from harness.vllm_sut.available import installed_release, unavailable_reason, vllm_version
 from harness.world.sim.threads import ThreadWorld
 
 if vllm_version() is None:
@@ -53,6 +53,19 @@ SAME_CANDIDATES = {
     "no-ubatching": config_of(enable_dbo=False, capture_sizes=(16, 32)),
     "no-graphs": config_of(cudagraph_mode="NONE"),
 }
+# 0.34's speculative decoding under DBO: a fixed draft count, and a dynamic schedule whose
+# batches above 4 requests draft one token instead of three.
+DRAFTS_UNDER_DBO = {
+    "drafts-dbo": dict(cudagraph_mode="FULL_DECODE_ONLY", decode_query_len=3,
+                       capture_sizes=(6, 12, 24), max_num_reqs=8, decode_threshold=4,
+                       prefill_threshold=16),
+    "dynamic-drafts-k3": dict(cudagraph_mode="FULL_AND_PIECEWISE", decode_query_len=4,
+                              draft_schedule=((4, 4), (2, 16)), enable_dbo=False, ubatch_size=3,
+                              capture_sizes=(8, 16, 32), max_num_reqs=16, decode_threshold=4,
+                              prefill_threshold=8),
+}
+if installed_release().spec_decode_with_dbo:
+    SAME_CANDIDATES.update({name: config_of(**fields) for name, fields in DRAFTS_UNDER_DBO.items()})
 
 
 def every_twin(config: HarnessConfig) -> HarnessConfig:
@@ -130,6 +143,25 @@ def test_vllm_dispatches_every_batch_the_dp_sync_can_send_like_the_graph_table(n
                 if ours != theirs:
                     mismatches.append(f"tokens {tokens} reqs {reqs} uct {uct} ub {ubatches}: "
                                       f"harness {ours.label()}, vllm {theirs.label()}")
+    assert not mismatches, "\n".join(mismatches[:20])
+
+
+@pytest.mark.parametrize("name", sorted(DRAFTS_UNDER_DBO))
+def test_vllm_dispatches_every_uniform_draft_batch_like_the_graph_table(name):
+    if name not in SAME_CANDIDATES:
+        pytest.skip(f"vLLM {vllm_version()} refuses speculative decoding with DBO")
+    config = every_twin(SAME_CANDIDATES[name])
+    table, k, s = GraphTable.build(config), config.num_ubatches, config.serving
+    mismatches = []
+    for length in range(1, s.decode_query_len + 1):
+        for reqs in range(1, s.max_num_reqs + 1):
+            tokens = reqs * length
+            for ubatches in (1, k):
+                ours = table.dispatch(reqs, tokens, length, num_ubatches=ubatches)
+                theirs = vllm_dispatch(config, reqs, tokens, length, num_ubatches=ubatches)
+                if ours != theirs:
+                    mismatches.append(f"{reqs} x {length} tokens, ub {ubatches}: harness "
+                                      f"{ours.label()}, vllm {theirs.label()}")
     assert not mismatches, "\n".join(mismatches[:20])
 
 

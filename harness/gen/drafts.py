@@ -39,8 +39,13 @@ def draft_layout(config: HarnessConfig, n: int, layout: str, draw) -> tuple[int,
     q, limit = config.serving.decode_query_len, config.serving.max_num_reqs
     if n == 0:
         return ()
-    if layout == "uniform" and q <= n and n // q <= limit:
-        return (q,) * (n // q)  # the rest of the count is dropped: a uniform step is whole
+    if layout.startswith("uniform-"):  # uniform decodes of one given length
+        length = int(layout.removeprefix("uniform-"))
+        if 1 <= n // length <= limit:
+            return (length,) * (n // length)
+        layout = "uniform"
+    if layout == "uniform" and (scheduled := scheduled_uniform(config, n)):
+        return scheduled  # the rest of the count is dropped: a uniform step is whole
     if layout in ("uniform", "varlen") and -(-n // q) <= limit:
         reqs = draw(st.integers(-(-n // q), min(n, limit)))
         return dummy_query_lens(reqs, n)  # tokens // reqs each, the rest one more: 1..q
@@ -48,6 +53,27 @@ def draft_layout(config: HarnessConfig, n: int, layout: str, draw) -> tuple[int,
         reqs = draw(st.integers(1, min(n - q, limit)))
         return (n - reqs + 1,) + (1,) * (reqs - 1)  # one prefill chunk longer than q
     return (1,) * min(n, limit)
+
+
+def scheduled_uniform(config: HarnessConfig, n: int) -> tuple[int, ...]:
+    """The most of `n` tokens a uniform decode holds at the query length the draft schedule
+    gives its batch size (§1.6); () where none fits."""
+    lowest = 1
+    for q, most in config.decode_query_lens:
+        if lowest <= n // q <= most:
+            return (q,) * (n // q)
+        lowest = most + 1
+    return ()
+
+
+def draft_schedules(q: int, max_reqs: int) -> st.SearchStrategy:
+    """Dynamic speculative decoding (0.34) in one draw of three: batches of up to some count
+    draft the most (q), larger ones fewer; shrunk, none."""
+    if q < 2 or max_reqs < 2:
+        return st.just(None)
+    dynamic = st.tuples(st.integers(1, max_reqs - 1), st.integers(1, q - 1)).map(
+        lambda drawn: ((q, drawn[0]), (drawn[1], max_reqs)))
+    return st.integers(0, 2).flatmap(lambda r: dynamic if r == 2 else st.just(None))
 
 
 @st.composite
@@ -70,19 +96,22 @@ def decode_beside_prefill(draw, config: HarnessConfig) -> list[tuple[int, str]]:
 
 @st.composite
 def uniform_beside_twin(draw, config: HarnessConfig) -> list[tuple[int, str]]:
-    """Per rank uniform decodes of q tokens, every rank within one microbatched twin of
-    n x q tokens and one rank on (or a request either side of) the start of its last region,
-    where the guard decides: from 0.34 the split cuts between requests (§4.1), so that
-    start is not G/k's. Empty where the config captures no such twin."""
-    q, k = config.serving.decode_query_len, config.num_ubatches
+    """Per rank uniform decodes of q tokens (a length of the draft schedule), every rank
+    within one microbatched twin of n x q tokens and one rank on (or a request either side
+    of) the start of its last region, where the guard decides: from 0.34 the split cuts
+    between requests (§4.1), so that start is not G/k's. Empty where the config captures no
+    such twin."""
+    k, lengths = config.num_ubatches, dict(config.decode_query_lens)
     twins = [d for d in graph_table(config, 0)
-             if d.num_ubatches > 1 and d.uniform_token_count == q]
-    if q < 2 or not twins:
+             if d.num_ubatches > 1 and (d.uniform_token_count or 0) > 1
+             and d.uniform_token_count in lengths]
+    if config.serving.decode_query_len < 2 or not twins:
         return []
     twin = draw(st.sampled_from(twins))
+    q = twin.uniform_token_count
     start = last_region_start(twin.num_tokens, k, cut_length(config, q))
     light = max(0, start + q * draw(st.sampled_from((0, -1, 1))))
     counts = [draw(st.integers(-(-start // q), twin.num_tokens // q)) * q
               for _ in range(config.serving.dp_size)]
     counts[draw(st.integers(0, len(counts) - 1))] = min(light, twin.num_tokens)
-    return [(n, "uniform") for n in counts]
+    return [(n, f"uniform-{q}") for n in counts]

@@ -23,6 +23,7 @@ from harness.gen.drafts import (
     decode_beside_prefill,
     draft_fields,
     draft_layout,
+    draft_schedules,
     uniform_beside_twin,
 )
 from harness.scenario import Scenario
@@ -112,6 +113,9 @@ def fuzz_configs(draw, fixed: Mapping[str, Any] | None = None, *,
                                     st.just(max(FUZZ_MAX_TOKENS, largest))),
         max_num_reqs=pick("max_num_reqs", request_limits(draw, mode, largest)),
     )
+    if release.request_keyed_decode:
+        fields["draft_schedule"] = pick("draft_schedule", draft_schedules(
+            fields.get("decode_query_len", 1), fields["max_num_reqs"]))
     # Drawn thresholds start at k (lower ones are illegal with microbatching); pinned ones
     # are kept as given, so that a bad pin is reported rather than mended.
     fields["decode_threshold"] = pick("decode_threshold", st.sampled_from(

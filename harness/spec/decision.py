@@ -257,16 +257,17 @@ def table_by_requests(config: HarnessConfig, decode_threshold: int) -> list[Grap
                                  config.serving.max_num_batched_tokens)):
             table.append(GraphDescriptor(decode_mode, t, min(t, cap), max_query_len=q))
     elif decode_mode is not None:
-        limit = min(cap, largest // q)
-        requests = []
-        for n in counts if limit >= 1 else []:
-            if min(n, limit) not in requests:
-                requests.append(min(n, limit))
-            if n >= limit:
-                break
-        for n in requests:
-            base = GraphDescriptor(decode_mode, n * q, n, uniform_token_count=q)
-            table += [d for d in (base, twin_of(config, base, decode_threshold)) if d]
+        for length, most in sorted(query_lengths(config)):
+            limit = min(most, largest // length)
+            requests = []
+            for n in counts if limit >= 1 else []:
+                if min(n, limit) not in requests:
+                    requests.append(min(n, limit))
+                if n >= limit:
+                    break
+            for n in requests:
+                base = GraphDescriptor(decode_mode, n * length, n, uniform_token_count=length)
+                table += [d for d in (base, twin_of(config, base, decode_threshold)) if d]
     for s in sizes if mixed_mode is not None else []:
         base = GraphDescriptor(mixed_mode, s, min(s, cap) if mixed_mode is FULL else None)
         table += [d for d in (base, twin_of(config, base, decode_threshold)) if d]
@@ -290,15 +291,38 @@ def varlen_grid(top: int) -> list[int]:
     return sorted({t for t in grid if t < top} | {top})
 
 
+def query_lengths(config: HarnessConfig) -> list[tuple[int, int]]:
+    """§1.6: (q, most requests) of every uniform decode length the drafts give a batch."""
+    schedule = config.serving.draft_schedule
+    if schedule is None:
+        return [(config.serving.decode_query_len, config.serving.max_num_reqs)]
+    return [tuple(pair) for pair in schedule]
+
+
+def drafted_length(config: HarnessConfig, num_reqs: int) -> int:
+    """§1.6: 1 + the drafts the schedule gives a batch of `num_reqs` requests."""
+    for q, most in sorted(query_lengths(config), key=lambda pair: pair[1]):
+        if num_reqs <= most:
+            return q
+    return config.serving.decode_query_len
+
+
 def reached(config: HarnessConfig, table: Sequence[GraphDescriptor],
             twin: GraphDescriptor) -> bool:
-    """§2.2 rule 3: the easiest legal batch, every rank at n tokens of uniform decodes."""
-    q = config.serving.decode_query_len
-    if twin.uniform_token_count != q:
+    """§2.2 rule 3: the easiest legal batch, every rank at n tokens of uniform decodes of the
+    twin's length q; only the widest q counts as a uniform decode for the thresholds (§1.6)."""
+    q = twin.uniform_token_count
+    # A request drafts at most what the schedule gives its batch size (§1.6), maybe fewer.
+    most = 0
+    for b in range(1, config.serving.max_num_reqs + 1):
+        if q is not None and q <= drafted_length(config, b):
+            most = b
+    if most == 0:
         return False
-    n = min(twin.num_tokens, config.serving.max_num_reqs * q, config.serving.max_num_batched_tokens)
+    n = min(twin.num_tokens, most * q, config.serving.max_num_batched_tokens)
     n -= n % q
-    if n < max(config.serving.decode_threshold, 1):
+    if n < 1 or not thresholds_hold(config, n, q == config.serving.decode_query_len,
+                                    config.serving.decode_threshold):
         return False
     if dispatch(config, table, n // q, n, q, num_ubatches=config.num_ubatches) != twin:
         return False

@@ -99,11 +99,10 @@ def decode_request_sizes(config: HarnessConfig) -> list[int]:
                    for s in config.cudagraph_capture_sizes if -(-s // q) * q <= top})
 
 
-def decode_graph_requests(config: HarnessConfig) -> list[int]:
+def decode_graph_requests(config: HarnessConfig, q: int, most_reqs: int) -> list[int]:
     """0.34: n of each n-request x q-token decode graph; the first count above the limit is
-    captured at the limit (min(max_num_reqs, largest size // q)), the rest not at all."""
-    limit = min(config.serving.max_num_reqs,
-                config.max_capture_size // config.serving.decode_query_len)
+    captured at the limit (min(most requests of q, largest size // q)), the rest not at all."""
+    limit = min(most_reqs, config.max_capture_size // q)
     if limit < 1:
         return []
     counts = decode_request_sizes(config)
@@ -127,9 +126,11 @@ def _candidates_by_requests(config: HarnessConfig, rank: int) -> list[GraphDescr
                     for t in varlen_decode_token_sizes(
                         min(top, config.serving.max_num_batched_tokens))]
         else:
-            for n in decode_graph_requests(config):
-                desc = GraphDescriptor(decode_mode, n * q, n, uniform_token_count=q)
-                out += [desc, ubatch_twin(config, desc, threshold)]
+            for length, most in sorted(config.decode_query_lens):
+                for n in decode_graph_requests(config, length, most):
+                    desc = GraphDescriptor(decode_mode, n * length, n,
+                                           uniform_token_count=length)
+                    out += [desc, ubatch_twin(config, desc, threshold)]
     if mixed_mode is not CudaGraphMode.NONE:
         for size in config.cudagraph_capture_sizes:
             desc = _mixed(config, mixed_mode, size)
@@ -207,14 +208,15 @@ class GraphTable:
         All ranks at one count n is the easiest case for the guard (it looks at the minimum,
         dispatch at the maximum), and the largest n <= the twin's size is the easiest n.
         """
-        q = self.config.serving.decode_query_len
-        k = self.config.num_ubatches
-        if twin.uniform_token_count != q:
-            return None  # replay needs this exact query length: only spec decode makes uct > 1
-        largest = min(twin.num_tokens, self.config.serving.max_num_reqs * q,
-                      self.config.serving.max_num_batched_tokens)
+        q, k = twin.uniform_token_count, self.config.num_ubatches
+        most = self.config.longest_uniform_batch(q) if q is not None else 0
+        if most == 0:
+            return None  # replay needs this exact query length: only drafts make uct > 1
+        largest = min(twin.num_tokens, most * q, self.config.serving.max_num_batched_tokens)
         n = largest - largest % q
-        if n < max(self.config.serving.decode_threshold, 1):
+        # The DP sync calls a batch a uniform decode only at the widest query length (§1.6).
+        if n < 1 or not ubatch_thresholds_met(self.config, n, uniform_decode=(
+                q == self.config.serving.decode_query_len)):
             return None
         if self.dispatch(n // q, n, q, num_ubatches=k) != twin:
             return None

@@ -141,7 +141,8 @@ class VllmExecRuntime:
         manager = self.code.cudagraph_utils.ModelCudaGraphManager(
             self.vllm_config, self.device, mode,
             **graph_manager_args(self.code.api, self.vllm_config,
-                                 self.config.serving.decode_query_len),
+                                 self.config.serving.decode_query_len,
+                                 self.config.serving.draft_schedule),
             varlen_decode=self.config.serving.varlen_decode, ubatch_runner=self.runner)
         manager._capture_descs = {VllmMode.FULL: full} if full else {}
         return manager

@@ -61,7 +61,8 @@ def vllm_graph_manager(config: HarnessConfig):
         # varlen_decode: what model_runner.py passes when adaptive verification is on.
         manager = cudagraph_utils.CudaGraphManager(
             configs, torch.device("cpu"), mode,
-            **graph_manager_args(code.api, configs, config.serving.decode_query_len),
+            **graph_manager_args(code.api, configs, config.serving.decode_query_len,
+                                 config.serving.draft_schedule),
             varlen_decode=config.serving.varlen_decode, ubatch_runner=runner)
     # Nothing is captured; dispatch only needs to believe capture has finished.
     manager._graphs_captured = True

@@ -4,19 +4,26 @@ differences). The rest of the adapters call these and never ask which API they f
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from harness.history.decision import DpSyncState
 from harness.vllm_code.release import Release
 
 
-def graph_manager_args(api: Release, vllm_config: Any, decode_query_len: int) -> dict[str, Any]:
+def graph_manager_args(api: Release, vllm_config: Any, decode_query_len: int,
+                       draft_schedule: Sequence[tuple[int, int]] | None = None
+                       ) -> dict[str, Any]:
     """The decode-shape arguments of CudaGraphManager / ModelCudaGraphManager.
 
     0.33 takes the one decode query length; 0.34 takes every uniform decode query length
-    mapped to the most requests a batch of it has, as its model runner asks the config."""
+    mapped to the most requests a batch of it has, as its model runner asks the config.
+    Stand-in: a dynamic draft schedule is given as that map itself, since the config's
+    expansion of it needs a speculative config with a drafter the harness does not build."""
     if api is Release.V0_33:
         return {"decode_query_len": decode_query_len}
+    if draft_schedule is not None:
+        return {"decode_query_lens": dict(draft_schedule)}
     return {"decode_query_lens": vllm_config.get_decode_cudagraph_query_lens(decode_query_len)}
 
 
