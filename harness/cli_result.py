@@ -1,11 +1,13 @@
 """How `run` and `check` show a judged scenario: every verdict per phase (start-up, each step,
-the whole scenario), as text or one JSON object, and the exit code that goes with them. One
-printer, so a saved run judged again reads exactly as the run did."""
+the whole scenario), as text or one JSON object, then each checker's coverage (verdicts held,
+failed, not applicable), and the exit code that goes with them. One printer, so a saved run
+judged again reads exactly as the run did."""
 
 from __future__ import annotations
 
 import json
 
+from harness.check.coverage import coverage_lines, coverage_of_verdicts
 from harness.check.history_file import Tested
 from harness.check.judge import ScenarioResult, StepResult
 from harness.check.verdict import Outcome
@@ -42,6 +44,7 @@ def _step_title(step: StepResult) -> str:
 def _print_json(result: ScenarioResult, tested: Tested) -> None:
     print(json.dumps({
         "ok": result.ok,
+        "coverage": [c.to_dict() for c in coverage_of_verdicts(result.verdicts())],
         "startup": [v.to_dict() for v in result.startup_verdicts],
         "steps": [{"verdicts": [v.to_dict() for v in step.verdicts]} for step in result.steps],
         "scenario_verdicts": [v.to_dict() for v in result.scenario_verdicts],
@@ -64,10 +67,12 @@ def _print_text(result: ScenarioResult, tested: Tested) -> None:
               if result.steps else "no step ran: capture failed")
     print("scenario (every step):")
     print("\n".join(_verdict_lines(result.scenario_verdicts)))
+    print("\n".join(coverage_lines(coverage_of_verdicts(result.verdicts()), "this run")))
     if result.ok:
-        unjudged = sum(not v.applied for v in result.verdicts())
-        print("all checkers hold" + (f" ({unjudged} verdicts not applicable: n/a above)"
-                                     if unjudged else ""))
+        verdicts = result.verdicts()
+        held = sum(v.outcome is Outcome.HELD for v in verdicts)
+        print(f"no checker failed: {held} verdicts held, {len(verdicts) - held} not "
+              "applicable (nothing to judge)")
     else:
         print("FAILED; the scenario, to replay with `python -m harness run --scenario FILE`:")
         print(scenario.to_json())

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, reproduce_failure, settings
 from hypothesis import strategies as st
 
 from harness.batch import RankBatch
+from harness.check.coverage import coverage_of
 from harness.check.judge import judge
 from harness.cli import EXIT_BAD_INPUT, EXIT_FOUND, main
 from harness.config import HarnessConfig
@@ -108,6 +109,10 @@ def test_fuzz_prints_the_shrunk_case_with_its_replay_and_logs_every_example(caps
     examples = [e for e in entries if isinstance(e, ExampleEntry)]
     assert len(examples) == out["examples"]
     assert [e.found for e in entries if isinstance(e, FindingEntry)] == [True]
+    # The coverage printed counts every example the search judged, as the log has them.
+    logged = coverage_of((v.checker, v.outcome) for e in examples for v in e.verdicts)
+    assert out["coverage"] == [c.to_dict() for c in logged]
+    assert {c["checker"]: c["failed"] > 0 for c in out["coverage"]}["graphs_capture_work"]
 
 
 def test_fuzz_pins_what_the_flags_name(capsys, tmp_path):

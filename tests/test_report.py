@@ -39,11 +39,12 @@ def scenario(*steps: list[int], **config) -> dict:
 
 def example(variant: str, tokens: list[int], failing: str | None = None,
             unjudged: str | None = None, **config) -> ExampleEntry:
-    verdicts = [VerdictEntry(None, "startup", True), VerdictEntry(0, "agreement", True),
+    verdicts = [VerdictEntry(None, "startup", True, applied=True),
+                VerdictEntry(0, "agreement", True, applied=True),
                 VerdictEntry(0, "no_empty_region", failing != "no_empty_region",
-                             "rank 0 replays with empty region(s) [1]")]
+                             "rank 0 replays with empty region(s) [1]", applied=True)]
     if failing and failing != "no_empty_region":
-        verdicts.append(VerdictEntry(0, failing, False, "differs"))
+        verdicts.append(VerdictEntry(0, failing, False, "differs", applied=True))
     if unjudged:
         verdicts.append(VerdictEntry(0, unjudged, True, "no rank replayed", applied=False))
     return ExampleEntry("r1", variant, "sim", scenario(tokens, **config), failing is None,
@@ -225,11 +226,14 @@ def test_a_checker_that_judged_no_example_is_not_applicable_in_json_and_skipped_
     assert [(v["ok"], v["outcome"]) for v in unjudged] == [(True, "not applicable")] * 2
     root = ET.parse(files.junit).getroot()
     case = root.find("testsuite/testcase[@name='examples[reference].captured_split']")
-    assert case.find("skipped").get("message") == "not applicable in any of the 2 examples"
+    assert case.find("skipped").get("message") == (
+        "not applicable in any of the 2 examples: no rank replayed")
+    assert case.find("skipped").text == "2 x no rank replayed\n"
     assert (root.get("tests"), root.get("failures"), root.get("skipped")) == ("2", "0", "1")
     # A checker that judged one of the examples is no skipped case.
     judged = example("reference", [8, 8])
-    judged = replace(judged, verdicts=(*judged.verdicts, VerdictEntry(0, "captured_split", True)))
+    judged = replace(judged, verdicts=(*judged.verdicts,
+                                       VerdictEntry(0, "captured_split", True, applied=True)))
     log2 = write_log(tmp_path / "log2.jsonl",
                      example("reference", [16, 40], unjudged="captured_split"), judged,
                      finding("reference", False))

@@ -149,6 +149,33 @@ def test_run_exits_0_when_every_checker_holds(capsys, tmp_path):
         "agreement", "collective_fingerprints", "matches_reference", "no_empty_region"}
 
 
+def test_run_counts_each_checkers_coverage_and_never_counts_not_applicable_as_held(capsys,
+                                                                                  tmp_path):
+    path = tmp_path / "ok.json"
+    path.write_text(json.dumps({"config": SMALL, "steps": [{"ranks": [20, 24]}]}))
+    assert main(["run", "--scenario", str(path), "--json"]) == EXIT_OK
+    out = json.loads(capsys.readouterr().out)
+    verdicts = [*out["startup"], *out["steps"][0]["verdicts"], *out["scenario_verdicts"]]
+    coverage = {c["checker"]: c for c in out["coverage"]}
+    assert set(coverage) == {v["checker"] for v in verdicts}
+    for v in verdicts:  # one verdict each: its outcome is its checker's one count
+        counts = coverage[v["checker"]]
+        held = v["outcome"] == "held"
+        assert (counts["held"], counts["not_applicable"]) == (held, not held), v
+        assert counts["judged"] == held and counts["failed"] == 0
+    unjudged = sorted(c for c, n in coverage.items() if not n["judged"])
+    assert "differential" in unjudged  # the harness decided: nothing to compare with
+    assert main(["run", "--scenario", str(path)]) == EXIT_OK
+    text = capsys.readouterr().out
+    assert "all checkers hold" not in text
+    assert text.splitlines()[-1] == (
+        f"no checker failed: {len(verdicts) - len(unjudged)} verdicts held, {len(unjudged)} "
+        "not applicable (nothing to judge)")
+    assert f"  judged nothing: {', '.join(c for c in coverage if c in unjudged)}" in text
+    row = next(line.split() for line in text.splitlines() if line.startswith("  differential "))
+    assert row == ["differential", "0", "0", "0", "1"]
+
+
 def test_run_exits_1_and_prints_the_scenario_back_when_a_checker_fails(capsys):
     assert main(["run", "--scenario", str(SCENARIOS / "guard-equality.json")]) == EXIT_FOUND
     out = capsys.readouterr().out

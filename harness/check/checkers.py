@@ -27,6 +27,7 @@ TOLERANCE = 1e-9
 NAMED_FAULT_ERRORS = ("InjectedFault", "RankKilled", "RankCrashed", "MicrobatchFailed")
 # How vLLM's UBatchRunner names the microbatch that broke a run ("Microbatch 0 of 2 failed").
 VLLM_RUNNER_REPORT = re.compile(r"Microbatch \d+ of \d+ failed")
+NO_PLAN = "no rank decided the step: each failed before its DP sync returned"
 
 
 def check_liveness(records: Sequence[StepRecord | None], deadline_s: float,
@@ -53,6 +54,8 @@ def check_errors(records: Sequence[StepRecord | None]) -> Judgement:
     named (a MicrobatchFailed caused by the injected fault), and the peers may only time out
     in the collective it never joined (or lose their process to torchrun)."""
     present = [r for r in records if r is not None]
+    if not present:
+        return not_applicable("no rank reported: liveness judges the silent ranks")
     crash = microbatch_crash(present)  # under vLLM's runner, which reports only one
     if crash is not None:
         return failed(crash)
@@ -106,6 +109,8 @@ def check_agreement(records: Sequence[StepRecord]) -> Judgement:
     plans = [r.plan for r in records]
     if any(p is None for p in plans):
         return not_applicable("a rank failed before the DP sync returned")
+    if len(plans) < 2:
+        return not_applicable("one rank: no other rank's decision to compare with")
     disagreement = first_disagreement(plans)
     if disagreement is None:
         return held()
@@ -121,8 +126,9 @@ def check_fingerprints(records: Sequence[StepRecord]) -> Judgement:
     known = [r for r in records if r.fingerprint is not None]
     unknown = [r.rank for r in records if r.fingerprint is None]
     note = f"ranks {unknown} left out: their collectives are unknown" if unknown else ""
-    if not known:
-        return held(note)
+    if len(known) < 2:
+        return not_applicable(f"{len(known)} rank(s) with known collectives: nothing to "
+                              f"compare{f' ({note})' if note else ''}")
     first, base = known[0], known[0].fingerprint
     for rec in known[1:]:
         if rec.fingerprint == base:
@@ -250,6 +256,8 @@ def _decision_fields(plan: StepPlan) -> dict[str, object]:
 def check_differential(records: Sequence[StepRecord],
                        reference: Sequence[StepPlan]) -> Judgement:
     """The system under test decided, field by field, what the harness's reference does."""
+    if not any(r.plan is not None for r in records):
+        return not_applicable(NO_PLAN)
     for rec, expected in zip(records, reference, strict=True):
         if rec.plan is None:
             continue
@@ -266,6 +274,8 @@ def check_differential_base(records: Sequence[StepRecord], base: Sequence[StepPl
     """A patched vLLM changed no decision the unpatched one got right: where the base vLLM
     agrees with the harness's reference, the patched one must decide the same, field by
     field. Changes where the base was wrong are what a fix is for, and pass here."""
+    if not any(r.plan is not None for r in records):
+        return not_applicable(NO_PLAN)
     changed = 0
     for rec, was, want in zip(records, base, reference, strict=True):
         if rec.plan is None:
@@ -305,6 +315,8 @@ def check_spec_decision(records: Sequence[StepRecord],
                         expected: Sequence[StepPlan]) -> Judgement:
     """The harness decided, field by field, what docs/spec.md says for its own config
     (harness/spec/decision.py, which shares no code with the decision code)."""
+    if not any(r.plan is not None for r in records):
+        return not_applicable(NO_PLAN)
     for rec, want_plan in zip(records, expected, strict=True):
         if rec.plan is None:
             continue

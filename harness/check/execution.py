@@ -20,6 +20,9 @@ def region_spans(plan: StepPlan) -> list[tuple[int, int]]:
     return list(zip(starts, starts[1:], strict=False))
 
 
+NOTHING_RAN = "no rank decided and completed the step: nothing ran to judge"
+
+
 def _ran(records: Sequence[StepRecord]) -> list[StepRecord]:
     """Ranks that decided and completed the step (a failed rank ran nothing to judge)."""
     return [r for r in records if r.plan is not None and r.error is None]
@@ -29,6 +32,8 @@ def check_executes_plan(records: Sequence[StepRecord]) -> Judgement:
     """A FULL descriptor replays that very graph; any other plan runs eagerly, split as the
     plan splits it (a captured graph that is not found must not turn into an eager run); and
     the rank runs the tokens it padded to, an idle rank's dummy batch included (#26137)."""
+    if not _ran(records):
+        return not_applicable(NOTHING_RAN)
     for rec in _ran(records):
         desc = rec.plan.desc
         ran_tokens = rec.ran_split[-1][3] if rec.ran_split else None
@@ -83,6 +88,8 @@ def check_split_consensus(records: Sequence[StepRecord]) -> Judgement:
     # The microbatches a rank ran; a rank that failed mid-step, those its plan split into.
     ways = {r.rank: len(r.ran_split) if r.error is None and r.ran_split
             else r.plan.desc.num_ubatches for r in records if r.plan is not None}
+    if len(ways) < 2:
+        return not_applicable(f"{len(ways)} rank(s) decided the step: no split to agree on")
     split = [rank for rank, n in ways.items() if n > 1]
     whole = [rank for rank, n in ways.items() if n == 1]
     if not split or not whole:
@@ -99,9 +106,11 @@ def check_split_consensus(records: Sequence[StepRecord]) -> Judgement:
 def check_dispatch_capacity(records: Sequence[StepRecord]) -> Judgement:
     """Every microbatch a rank runs (the whole step when unsplit) fits the all-to-all
     buffers it has: they are sized for the largest batch, not for one microbatch of it."""
-    for rec in records:
-        if rec.plan is None or rec.a2a_tokens_per_rank is None:
-            continue
+    sized = [r for r in records if r.plan is not None and r.a2a_tokens_per_rank is not None]
+    if not sized:
+        return not_applicable("no rank that decided the step recorded its all-to-all "
+                              "buffers' capacity")
+    for rec in sized:
         plan = rec.plan
         largest = (max(r.tokens for r in plan.regions) if plan.regions
                    else max(plan.num_tokens, 1))  # an idle rank still sends one padding token
@@ -111,7 +120,6 @@ def check_dispatch_capacity(records: Sequence[StepRecord]) -> Judgement:
                          f"all-to-all buffers that take {rec.a2a_tokens_per_rank} tokens "
                          "per rank")
     return held()
-
 
 
 def check_fresh_receive(records: Sequence[StepRecord]) -> Judgement:

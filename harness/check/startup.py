@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from harness.check.verdict import Judgement, failed, held
+from harness.check.verdict import Judgement, failed, held, not_applicable
 from harness.history.records import StartupRecord
+
+NO_GRAPH = "no rank captured a graph"
 
 
 def check_capture_finished(records: Sequence[StartupRecord | None],
@@ -34,6 +36,8 @@ def check_capture_hygiene(records: Sequence[StartupRecord]) -> Judgement:
 def check_graphs_capture_work(records: Sequence[StartupRecord]) -> Judgement:
     """Every captured graph recorded work (a graph captured on a stream its work never ran
     on records nothing)."""
+    if not any(rec.graphs for rec in records):
+        return not_applicable(NO_GRAPH)
     empty = [(rec.rank, g.label) for rec in records for g in rec.graphs if g.empty]
     if empty:
         return failed(f"rank {empty[0][0]}: graph {empty[0][1]} recorded nothing (captured "
@@ -44,6 +48,8 @@ def check_graphs_capture_work(records: Sequence[StartupRecord]) -> Judgement:
 def check_capture_symmetry(records: Sequence[StartupRecord]) -> Judgement:
     """Every rank plans the same graphs in the same order: they are captured with
     collectives inside, so capture lines up only then."""
+    if len(records) < 2:
+        return not_applicable("one rank: no other rank's capture to line up with")
     first = records[0]
     differ = [rec.rank for rec in records if rec.planned != first.planned]
     if differ:
@@ -56,6 +62,8 @@ def check_capture_symmetry(records: Sequence[StartupRecord]) -> Judgement:
 
 def check_graphs_reachable(records: Sequence[StartupRecord]) -> Judgement:
     """Every rank holds only graphs some legal batch replays (ranks may hold other tables)."""
+    if not any(rec.graphs for rec in records):
+        return not_applicable(NO_GRAPH)
     for rec in records:
         unreachable = [g for g in rec.graphs if g.reached_by is None]
         if unreachable:

@@ -45,6 +45,8 @@ def check_recv_before_read(records: Sequence[StepRecord]) -> Judgement:
     """Every receive's hook ran before its receiver read the buffer (docs/spec.md §5.2)."""
     if all(rec.vllm_exec is None for rec in records):
         return not_applicable(HARNESS_RAN)
+    if not any(rec.vllm_exec is not None and rec.vllm_exec.receives for rec in records):
+        return not_applicable("no rank recorded a receive")
     for rec in records:
         if rec.vllm_exec is None:
             continue

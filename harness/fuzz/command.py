@@ -13,6 +13,7 @@ import json
 import sys
 from typing import Any
 
+from harness.check.coverage import coverage_lines, merged
 from harness.cli_config import (
     add_config_flags,
     add_timeout_flags,
@@ -274,7 +275,17 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     several = args.variant == "all" or len(outcomes) > 1
     if several and not args.json:
         print_table(outcomes)
+    if not args.json:
+        print_coverage(outcomes)
     return fuzz_exit(outcomes, several)
+
+
+def print_coverage(outcomes: list[FuzzOutcome]) -> None:
+    """Each checker's verdicts over every example of every variant searched."""
+    examples = sum(o.examples for o in outcomes)
+    variants = f" of {len(outcomes)} variants" if len(outcomes) > 1 else ""
+    print("\n".join(coverage_lines(merged(o.coverage for o in outcomes),
+                                   f"{examples} examples{variants}")))
 
 
 def fuzz_exit(outcomes: list[FuzzOutcome], several: bool) -> int:

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.database import ExampleDatabase
 from hypothesis.errors import Flaky, Unsatisfiable
 
+from harness.check.coverage import CoverageTally
 from harness.check.judge import ScenarioResult, judge
 from harness.fuzz import profiles  # noqa: F401 - registers the profiles by name
 from harness.fuzz.database import (
@@ -135,6 +136,7 @@ class _Search:
     found_by: str | None = None
     restarts: int = 0
     replayed: int = 0
+    tally: CoverageTally = field(default_factory=CoverageTally)  # every verdict judged
 
     def begin_run(self) -> None:
         """A Hypothesis run starts: its reuse phase replays what is saved now."""
@@ -200,6 +202,7 @@ class _Search:
         began = time.monotonic()
         result = judge(self.run(scenario))
         self.examples += 1
+        self.tally.add_verdicts(result.verdicts())
         if self.log_path is not None:
             append(self.log_path, _example_entry(self, scenario, result,
                                                  time.monotonic() - began))
@@ -294,7 +297,8 @@ def fuzz(variant: Variant, run: Callable[[Scenario], ScenarioHistory], *, world:
         return FuzzOutcome(variant.name, world, False, None, "", None, search.examples,
                            search.elapsed(), None, None, None, None,
                            note or "examples exhausted", tuple(search.unconfirmed),
-                           search.replayed, None, search.restarts)
+                           search.replayed, None, search.restarts,
+                           coverage=search.tally.coverage())
     if isinstance(failure, _Intermittent):
         return _found(search, failure.scenario, failure.verdict, None, NOT_SHRUNK,
                       Path(scenario_dir), world_flags)
@@ -321,7 +325,7 @@ def _found(search: _Search, scenario: Scenario, verdict: ExampleVerdict, blob: s
                           found_examples, found_seconds,
                           replay_command(str(path), search.world, world_flags), blob, note,
                           tuple(search.unconfirmed), search.replayed, search.found_by,
-                          search.restarts, runs)
+                          search.restarts, runs, search.tally.coverage())
     if search.log_path is not None:
         append(search.log_path, outcome.finding_entry(search.run_id))
     return outcome

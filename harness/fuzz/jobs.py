@@ -25,6 +25,7 @@ from typing import Any
 
 import psutil
 
+from harness.check.coverage import coverage_from_dicts, coverage_lines, merged
 from harness.fuzz.engine import Budget
 from harness.fuzz.variants import FOUND, did_its_job, expects_a_finding, variant_detection
 
@@ -234,4 +235,17 @@ def report_jobs(results: list[JobResult], variants: list[str], database: str,
                        if o["variant"] == variant and o["replay"]), None)
         if replay:
             print(f"{variant}: {replay}")
+    _print_coverage(results)
     return campaign_exit(results, variants)
+
+
+def _print_coverage(results: list[JobResult]) -> None:
+    """Each checker's verdicts over every job's examples, from the jobs' JSON."""
+    outcomes = [o for r in results for o in r.outcomes]
+    try:
+        coverage = merged(coverage_from_dicts(o.get("coverage", ())) for o in outcomes)
+    except ValueError as exc:
+        print(f"coverage: a job's JSON does not read ({exc})")
+        return
+    examples = sum(o["examples"] for o in outcomes)
+    print("\n".join(coverage_lines(coverage, f"{examples} examples of {len(results)} jobs")))

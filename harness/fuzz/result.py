@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from harness.check.coverage import CheckerCoverage
 from harness.fuzz.run_log import FindingEntry, Intermittency
 from harness.scenario import Scenario
 
@@ -47,6 +48,8 @@ class FuzzOutcome:
     found_by: str | None = None  # "replay": a saved failure, run before any search; "search"
     restarts: int = 0  # times a failure another process saved restarted this search
     intermittency: Intermittency | None = None  # the finding failed on some runs only
+    # Per checker, the verdicts of every example the search judged (reruns and shrinking too).
+    coverage: tuple[CheckerCoverage, ...] = ()
 
     @property
     def kind(self) -> str | None:
@@ -77,4 +80,5 @@ class FuzzOutcome:
                 "replay": self.replay, "blob": self.blob, "world": self.world,
                 "note": self.note, "unconfirmed": [s.to_dict() for s in self.unconfirmed],
                 "replayed": self.replayed, "found_by": self.found_by,
-                "restarts": self.restarts}
+                "restarts": self.restarts,
+                "coverage": [c.to_dict() for c in self.coverage]}

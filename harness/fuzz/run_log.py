@@ -13,6 +13,8 @@ that a log written by an older version still reads.
      "replayed": int, "failed_runs": int | null, "runs": int | null}
 
 `failed_runs` of `runs` are set on an intermittent finding: a failure that passed its rerun.
+A verdict without `applied` (a log written before it) that passed reads as "unknown": held
+or not applicable, no one can tell.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.check.coverage import FAILED, HELD, NOT_APPLICABLE, UNKNOWN
 from harness.errors import ConfigError
 
 DEFAULT_LOG = ".harness/fuzz-log.jsonl"
@@ -34,13 +37,18 @@ class VerdictEntry:
     checker: str
     ok: bool
     detail: str = ""
-    applied: bool = True  # False: "not applicable" (logs written before this field: held)
+    # False: "not applicable"; None in logs written before this field: a passing verdict
+    # there is unknown (held or not applicable), never read as held.
+    applied: bool | None = None
     # "start-up", "step" or "scenario"; None in logs written before this field (told by step)
     phase: str | None = None
 
     @property
     def outcome(self) -> str:
-        return "failed" if not self.ok else "held" if self.applied else "not applicable"
+        """held, failed, not applicable, or unknown (a passing verdict of an older log)."""
+        if not self.ok:
+            return FAILED
+        return UNKNOWN if self.applied is None else HELD if self.applied else NOT_APPLICABLE
 
     @property
     def phase_name(self) -> str:

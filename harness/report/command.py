@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from harness.check.coverage import coverage_lines
 from harness.cli_config import output_dir
 from harness.errors import ConfigError
 from harness.fuzz.run_log import DEFAULT_LOG
@@ -44,6 +45,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     for path in files.all():
         print(path)
     findings = [f.entry for f in logs.findings]
+    if logs.examples:
+        print("\n".join(coverage_lines(logs.coverage(), f"{len(logs.examples)} examples")))
     print(summary_line(findings, len(logs.examples)))
     return 0 if all(finding_passes(f) for f in findings) else 1
 

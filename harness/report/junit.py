@@ -4,15 +4,17 @@ A finding fails by `finding_passes`: found on the reference, or a planted bug mi
 found, or found as another checker than those that name it). An intermittent finding says so,
 with how many of its runs failed. Each checker that failed an example gets a case too; it
 fails only on the reference, where no checker may fail. A checker that applied to none of a
-variant's examples is a skipped case.
+variant's examples is a skipped case giving why (its verdicts' reasons, most common first).
 """
 
 from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
-from collections import defaultdict
+from collections import Counter, defaultdict
 
+from harness.check.coverage import FAILED, HELD, NOT_APPLICABLE, UNKNOWN
+from harness.fuzz.run_log import VerdictEntry
 from harness.fuzz.variants import expects_a_finding, variant_named
 from harness.report.logs import Example, Finding, RunLogs, step_tokens
 from harness.report.outcome import (
@@ -52,8 +54,8 @@ def _suite(variant: str, findings: list[Finding], examples: list[Example]) -> ET
         suite.append(_finding_case(finding, several))
     for checker, failing in sorted(_failing_by_checker(examples).items()):
         suite.append(_checker_case(variant, checker, failing))
-    for checker in _never_applied(examples):
-        suite.append(_skipped_case(variant, checker, len(examples)))
+    for checker, verdicts in _never_applied(examples).items():
+        suite.append(_skipped_case(variant, checker, verdicts, len(examples)))
     _set_counts(suite, suite.findall("testcase"))
     return suite
 
@@ -132,20 +134,35 @@ def _checker_case(variant: str, checker: str, failing: list[Example]) -> ET.Elem
     return case
 
 
-def _never_applied(examples: list[Example]) -> list[str]:
-    """Checkers that judged none of the examples (each example ran them all, applicable or
-    not): shown as skipped, not as passed."""
-    seen: dict[str, bool] = {}
+def _never_applied(examples: list[Example]) -> dict[str, list[VerdictEntry]]:
+    """Per checker that judged none of the examples (each example ran them all, applicable
+    or not), its verdicts: shown as skipped, not as passed. A passing verdict of a log
+    written before `applied` is unknown, so never counts as applied."""
+    verdicts: dict[str, list[VerdictEntry]] = defaultdict(list)
     for example in examples:
         for v in example.entry.verdicts:
-            seen[v.checker] = seen.get(v.checker, False) or v.applied
-    return [checker for checker, applied in seen.items() if not applied]
+            verdicts[v.checker].append(v)
+    return {checker: vs for checker, vs in verdicts.items()
+            if not any(v.outcome in (HELD, FAILED) for v in vs)}
 
 
-def _skipped_case(variant: str, checker: str, examples: int) -> ET.Element:
+def _skipped_case(variant: str, checker: str, verdicts: list[VerdictEntry],
+                  examples: int) -> ET.Element:
     case = ET.Element("testcase", classname=f"examples.{variant}",
                       name=f"examples[{variant}].{checker}", time="0.000")
-    ET.SubElement(case, "skipped", message=f"not applicable in any of the {examples} examples")
+    unknown = sum(v.outcome == UNKNOWN for v in verdicts)
+    reasons = Counter(v.detail or "no reason given" for v in verdicts
+                      if v.outcome == NOT_APPLICABLE)
+    if reasons:
+        reason, _ = reasons.most_common(1)[0]
+        message = f"not applicable in any of the {examples} examples: {reason}"
+    else:
+        message = f"not known to apply in any of the {examples} examples"
+    if unknown:
+        message += (f" ({unknown} verdicts unknown: their log predates `applied`, so "
+                    "held or not applicable)")
+    skipped = ET.SubElement(case, "skipped", message=message)
+    skipped.text = "".join(f"{count} x {reason}\n" for reason, count in reasons.most_common())
     return case
 
 

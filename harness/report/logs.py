@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.check.coverage import CheckerCoverage, coverage_of
 from harness.errors import ConfigError
 from harness.fuzz.run_log import ExampleEntry, FindingEntry, read_log
 from harness.scenario import Scenario, scenario_from_dict
@@ -32,6 +33,12 @@ class Finding:
 class RunLogs:
     examples: tuple[Example, ...]
     findings: tuple[Finding, ...]
+
+    def coverage(self, variant: str | None = None) -> tuple[CheckerCoverage, ...]:
+        """Each checker's verdicts over every example (of `variant`, when named)."""
+        return coverage_of((v.checker, v.outcome) for e in self.examples
+                           if variant is None or e.entry.variant == variant
+                           for v in e.entry.verdicts)
 
 
 def step_tokens(scenario: Scenario) -> list[list[int]]:
@@ -82,7 +89,7 @@ _EXAMPLE_FIELDS: dict[str, tuple[type, ...]] = {
     "run": (str,), "variant": (str,), "world": (str,), "ok": (bool,), "seconds": (int, float)}
 _VERDICT_FIELDS: dict[str, tuple[type, ...]] = {
     "step": (int, type(None)), "checker": (str,), "ok": (bool,), "detail": (str,),
-    "phase": (str, type(None))}
+    "applied": (bool, type(None)), "phase": (str, type(None))}
 _FINDING_FIELDS: dict[str, tuple[type, ...]] = {
     "run": (str,), "variant": (str,), "world": (str,), "found": (bool,),
     "checker": (str, type(None)), "examples": (int,), "seconds": (int, float),

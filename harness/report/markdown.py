@@ -15,6 +15,7 @@ def summary_markdown(logs: RunLogs, maps: Sequence[str] = ()) -> str:
              summary_line((f.entry for f in logs.findings), len(logs.examples)), ""]
     lines += _findings_table(logs.findings)
     lines += _checker_table(logs)
+    lines += _coverage_table(logs)
     lines += _replays(logs.findings)
     lines += ["## Decision maps", ""]
     lines += ([f"![decision map {m}]({m})" for m in maps] if maps else ["Not drawn."])
@@ -57,6 +58,26 @@ def _checker_table(logs: RunLogs) -> list[str]:
     for checker, counts in sorted(per_checker.items()):
         by_variant = ", ".join(f"{v} {counts[v]}" for v in variant_order(counts))
         lines.append(f"| {_cell(checker)} | {sum(counts.values())} | {_cell(by_variant)} |")
+    return lines + [""]
+
+
+def _coverage_table(logs: RunLogs) -> list[str]:
+    lines = ["## Checker coverage", "",
+             f"Verdicts per checker over the {len(logs.examples)} examples; n/a: nothing to "
+             "judge, never counted as held.", ""]
+    coverage = logs.coverage()
+    if not coverage:
+        return lines[:2] + ["No example in the log.", ""]
+    unknown = any(c.unknown for c in coverage)
+    lines += ["| checker | judged | held | failed | n/a |" + (" unknown |" if unknown else ""),
+              "|---|---|---|---|---|" + ("---|" if unknown else "")]
+    for c in coverage:
+        cells = [c.checker, c.judged, c.held, c.failed, c.not_applicable,
+                 *([c.unknown] if unknown else [])]
+        lines.append("| " + " | ".join(_cell(str(x)) for x in cells) + " |")
+    if unknown:
+        lines += ["", "unknown: a passing verdict of a log written before verdicts said "
+                  "whether they applied (held or not applicable, no one can tell)."]
     return lines + [""]
 
 

@@ -4,11 +4,14 @@
                    "checker", "ok", "outcome", "detail"}],
      "findings": [{"variant", "world", "run", "outcome", "passes", "found", "checker",
                    "kind", "failed_runs", "runs", "scenario_name", "tokens", "examples",
-                   "seconds", "replay", "blob", "scenario"}]}
+                   "seconds", "replay", "blob", "scenario"}],
+     "coverage": [{"checker", "judged", "held", "failed", "not_applicable", "unknown"}]}
 
 `tokens` is per step, per rank token counts; `phase` is "start-up" (capture), "step" (`step`
 its index) or "scenario" (once over every step; `step` null for it and for start-up);
-`outcome` is "held", "failed" or "not applicable" (`ok` is true for both but "failed").
+`outcome` is "held", "failed", "not applicable" or, for a passing verdict of a log written
+before verdicts said whether they applied, "unknown" (`ok` is true for all but "failed").
+`coverage` counts each checker's verdicts over every example; `judged` is held + failed.
 A finding's `outcome` is "pass", "MISSED", "found as CHECKER" (a planted bug shown by a
 checker that does not name it) or "FOUND-ON-REFERENCE"; its `kind` null (nothing found),
 "reproducible" or "intermittent (r/N)" (failed r of its N runs; `failed_runs`, `runs`).
@@ -35,7 +38,8 @@ def verdicts_json(logs: RunLogs) -> str:
 
 def verdicts_document(logs: RunLogs) -> dict[str, Any]:
     return {"verdicts": [row for e in logs.examples for row in verdict_rows(e)],
-            "findings": [finding_row(f) for f in logs.findings]}
+            "findings": [finding_row(f) for f in logs.findings],
+            "coverage": [c.to_dict() for c in logs.coverage()]}
 
 
 def verdict_rows(example: Example) -> list[dict[str, Any]]:
