@@ -2,7 +2,8 @@
 it) and its one wire form, the `ranks` entries of scenario files, worlds and saved histories:
 
     {"query_lens": [1, 3]}  or  {"tokens": 64}  (that many one-token requests; 0: idle),
-    with "allow_ubatching": false and "allow_skip_drafts": true only when not the default.
+    with "allow_ubatching": false and "allow_skip_drafts": true only when not the default, and
+    "scheduled_lens": [1, 4] where adaptive verification trimmed drafts (docs/spec.md §1.6).
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ class RankBatch:
     one and no request is a prefill (vLLM's get_uniform_decode_token_count); None otherwise.
     A request longer than `decode_query_len` (1 + draft tokens) is a prefill (§1.6).
     `allow_skip_drafts`: the rank's scheduler finds none of its requests can use this step's
-    drafts (the skip_drafts row of vLLM's DP sync).
+    drafts (the skip_drafts row of vLLM's DP sync). `scheduled_lens`: under adaptive
+    verification, each request's tokens before its drafts were trimmed to the step's budget
+    (vLLM's InputBatch.num_scheduled_tokens, an upper bound); `query_lens` are the tokens
+    that run, as the device lays them out. None: nothing was trimmed.
     """
 
     num_tokens: int
@@ -36,14 +40,37 @@ class RankBatch:
     query_lens: tuple[int, ...] | None = None
     decode_query_len: int = 1
     allow_skip_drafts: bool = False
+    scheduled_lens: tuple[int, ...] | None = None
 
     @classmethod
     def from_query_lens(cls, query_lens: Sequence[int], allow_ubatching: bool = True,
-                        decode_query_len: int = 1, allow_skip_drafts: bool = False) -> RankBatch:
+                        decode_query_len: int = 1, allow_skip_drafts: bool = False,
+                        scheduled_lens: Sequence[int] | None = None) -> RankBatch:
         lens = tuple(query_lens)
         uniform = bool(lens) and all(q == lens[0] for q in lens) and lens[0] <= decode_query_len
+        scheduled = None if scheduled_lens is None else tuple(scheduled_lens)
         return cls(sum(lens), len(lens), lens[0] if uniform else None, allow_ubatching, lens,
-                   decode_query_len, allow_skip_drafts)
+                   decode_query_len, allow_skip_drafts, scheduled)
+
+    def host_lens(self) -> tuple[int, ...]:
+        """The host's query lengths under adaptive verification (vLLM's compact_batch): the
+        step's draft budget spread evenly over the verification requests, which lead the
+        batch, the first ones one more; the device runs `query_lens` (§1.6)."""
+        lens = self.request_query_lens()
+        if self.scheduled_lens is None:
+            return lens
+        drafts = [s - 1 if 1 < s <= self.decode_query_len else 0 for s in self.scheduled_lens]
+        budget = sum(lens) - sum(s - d for s, d in zip(self.scheduled_lens, drafts, strict=True))
+        verifying = sum(1 for d in drafts if d > 0)
+        host = [s - d for s, d in zip(self.scheduled_lens, drafts, strict=True)]
+        for r in range(verifying):
+            host[r] += budget // verifying + (1 if r < budget % verifying else 0)
+        return tuple(host)
+
+    def slicing_lens(self) -> tuple[int, ...]:
+        """What vLLM 0.34's create_ubatch_slices counts requests by: the scheduled upper
+        bound under adaptive verification, else the query lengths."""
+        return self.scheduled_lens or self.request_query_lens()
 
     @classmethod
     def uniform(cls, num_tokens: int, uniform_token_count: int | None = 1,
@@ -74,11 +101,14 @@ class RankBatch:
         """The wire form (the module docstring); `from_dict` reads it back."""
         lens = self.request_query_lens()
         data: dict[str, Any] = ({"tokens": len(lens)} if all(q == 1 for q in lens)
+                                and self.scheduled_lens is None
                                 else {"query_lens": list(lens)})
         if not self.allow_ubatching:
             data["allow_ubatching"] = False
         if self.allow_skip_drafts:  # omitted when default: older files read the same
             data["allow_skip_drafts"] = True
+        if self.scheduled_lens is not None:
+            data["scheduled_lens"] = list(self.scheduled_lens)
         return data
 
     @classmethod
@@ -93,24 +123,25 @@ class RankBatch:
                     max_tokens: int | None = None) -> RankBatch:
         """The rank of checked wire fields. A `tokens` count above `max_tokens` stays a count
         (not expanded into requests), for validate_batches to refuse."""
-        spec, allow, skip = fields
+        spec, allow, skip, scheduled = fields
         if isinstance(spec, int):
             if max_tokens is not None and spec > max_tokens:
                 return cls(spec, spec, 1, allow, None, decode_query_len, skip)
             spec = (1,) * spec
-        return cls.from_query_lens(spec, allow, decode_query_len, skip)
+        return cls.from_query_lens(spec, allow, decode_query_len, skip, scheduled)
 
     def given_to(self, decode_query_len: int) -> RankBatch:
         """This rank's input under a config of `decode_query_len` (itself when it is already)."""
         if self.decode_query_len == decode_query_len and self.query_lens is not None:
             return self
         return RankBatch.from_query_lens(self.request_query_lens(), self.allow_ubatching,
-                                         decode_query_len, self.allow_skip_drafts)
+                                         decode_query_len, self.allow_skip_drafts,
+                                         self.scheduled_lens)
 
 
-# A rank's wire fields, checked: its `tokens` count or its `query_lens`; allow_ubatching and
-# allow_skip_drafts.
-RankFields = tuple[int | tuple[int, ...], bool, bool]
+# A rank's wire fields, checked: its `tokens` count or its `query_lens`; allow_ubatching,
+# allow_skip_drafts and scheduled_lens (None when absent).
+RankFields = tuple[int | tuple[int, ...], bool, bool, tuple[int, ...] | None]
 
 
 def _int(value: Any, where: str) -> int:
@@ -133,7 +164,8 @@ def rank_fields(data: Any, where: str) -> RankFields:
         data = {"tokens": data}
     if not isinstance(data, dict):
         raise ConfigError(where, "must be an object with `tokens` or `query_lens`")
-    unknown = set(data) - {"tokens", "query_lens", "allow_ubatching", "allow_skip_drafts"}
+    unknown = set(data) - {"tokens", "query_lens", "allow_ubatching", "allow_skip_drafts",
+                           "scheduled_lens"}
     if unknown:
         raise ConfigError(f"{where}.{sorted(unknown)[0]}", "is not a rank field")
     if ("tokens" in data) == ("query_lens" in data):
@@ -151,7 +183,17 @@ def rank_fields(data: Any, where: str) -> RankFields:
         if any(q < 1 for q in spec):
             raise ConfigError(f"{where}.query_lens", "holds a request with no tokens")
     allow = _flag(data, "allow_ubatching", True, where)
-    return spec, allow, _flag(data, "allow_skip_drafts", False, where)
+    return spec, allow, _flag(data, "allow_skip_drafts", False, where), _scheduled(data, where)
+
+
+def _scheduled(data: dict, where: str) -> tuple[int, ...] | None:
+    if "scheduled_lens" not in data:
+        return None
+    raw = data["scheduled_lens"]
+    if "query_lens" not in data or not isinstance(raw, list):
+        raise ConfigError(f"{where}.scheduled_lens", "must be a list of integers beside "
+                          "`query_lens`")
+    return tuple(_int(q, f"{where}.scheduled_lens") for q in raw)
 
 
 def deciding_batch(batch: RankBatch, decode_query_len: int) -> RankBatch:
@@ -199,9 +241,29 @@ def validate_batches(config: HarnessConfig, batches: Sequence[RankBatch]) -> Non
         if uct is not None and (uct < 1 or uct * batch.num_reqs != batch.num_tokens):
             raise ConfigError("uct", f"{where} claims {uct} tokens per request but has "
                               f"{batch.num_tokens} tokens in {batch.num_reqs} requests")
+        check_scheduled_lens(config, batch, where)
         lens = batch.query_lens
         if lens is not None and any(q < 1 for q in lens):
             raise ConfigError("query_lens", f"{where} has a request with no tokens")
         if lens is not None and (len(lens) != batch.num_reqs or sum(lens) != batch.num_tokens):
             raise ConfigError("query_lens", f"{where} lists {len(lens)} requests of {sum(lens)} "
                               f"tokens, not {batch.num_reqs} of {batch.num_tokens}")
+
+
+def check_scheduled_lens(config: HarnessConfig, batch: RankBatch, where: str) -> None:
+    """Trimmed drafts only under adaptive verification, and only off a decode's drafts: each
+    request runs at least one token and at most what was scheduled (§1.6)."""
+    scheduled, lens = batch.scheduled_lens, batch.query_lens
+    if scheduled is None or lens is None:
+        return
+    if not config.serving.varlen_decode:
+        raise ConfigError("scheduled_lens", f"{where}: drafts are trimmed only by adaptive "
+                          "verification (varlen_decode)")
+    if len(scheduled) != len(lens):
+        raise ConfigError("scheduled_lens", f"{where} lists {len(scheduled)} requests, "
+                          f"query_lens {len(lens)}")
+    q = config.serving.decode_query_len
+    for r, (ran, planned) in enumerate(zip(lens, scheduled, strict=True)):
+        if ran > planned or (ran < planned and planned > q):
+            raise ConfigError("scheduled_lens", f"{where} request {r}: {ran} tokens run of "
+                              f"{planned} scheduled; only a decode's drafts (<= {q}) are trimmed")

@@ -167,3 +167,13 @@ class ReplayTag(enum.Enum):
     # The bug: the value the host knew when the graph was captured, baked into it, so every
     # replay ships the tag of an earlier run and it is taken as fresh.
     CAPTURED = "captured"
+
+
+class VerifySlices(enum.Enum):
+    """What the microbatch split counts requests by under adaptive verification, whose
+    budget trims drafts after scheduling (docs/spec.md §7.24)."""
+
+    ACTUAL = "actual"  # the tokens each request runs
+    # vLLM 0.34.0's create_ubatch_slices: InputBatch.num_scheduled_tokens, the untrimmed upper
+    # bound, so a microbatch's request slice can end before a request whose tokens it holds.
+    UPPER_BOUND = "upper-bound"

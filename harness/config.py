@@ -298,7 +298,7 @@ _OMITTED_WHEN_DEFAULT = ("vllm_src", "vllm_patches", "differential_against_base"
                          "decode_query_len", "varlen_decode", "query_len_bound", "execution",
                          "switch_to_compute", "continuation", "lookback_refresh", "idle_step",
                          "dummy_execution", "draft_sync_state", "replay_tag", "ids_gather_wait",
-                         "staging_restore", "staging_vote", "draft_schedule")
+                         "staging_restore", "staging_vote", "draft_schedule", "verify_slices")
 
 
 def config_kwargs(data: dict[str, Any]) -> dict[str, Any]:

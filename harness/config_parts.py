@@ -32,6 +32,7 @@ from harness.bug_switches import (
     SwitchToCompute,
     Twins,
     UbatchVote,
+    VerifySlices,
 )
 from harness.config_values import parse_enum
 from harness.errors import ConfigError
@@ -134,7 +135,7 @@ PARSERS: dict[str, Callable[[Any, str], Any]] = {
     "idle_step": _enum(IdleStep), "dummy_execution": _enum(DummyExecution),
     "draft_sync_state": _enum(DraftSyncState), "replay_tag": _enum(ReplayTag),
     "ids_gather_wait": _enum(IdsGatherWait), "release": _enum(Release),
-    "draft_schedule": _draft_schedule,
+    "draft_schedule": _draft_schedule, "verify_slices": _enum(VerifySlices),
 }
 
 
@@ -247,6 +248,8 @@ class Mutation:
     # vLLM's execution, microbatched: whether the comm stream's all-gather of the top-k
     # ids waits for the router's write of them (§11.5).
     ids_gather_wait: IdsGatherWait = _switch(IdsGatherWait.AFTER_ROUTING)
+    # Under adaptive verification: what the split counts requests by (§7.24).
+    verify_slices: VerifySlices = _switch(VerifySlices.ACTUAL, EXECUTION)
 
     def __post_init__(self) -> None:
         _parse_fields(self)

@@ -39,7 +39,7 @@ WIRE_FIELDS = {
     "dummy_padding", "query_len_bound", "switch_to_compute", "single_rank_gpu_world",
     "continuation", "lookback_refresh", "idle_step", "dummy_execution", "draft_sync_state",
     "replay_tag", "ids_gather_wait", "staging_restore", "staging_vote", "release",
-    "draft_schedule"}
+    "draft_schedule", "verify_slices"}
 
 # Values for the mutation fields a variant draws per example rather than plants.
 DRAWN_MUTATION = {"threshold_offset_rank": 1, "threshold_offset": 4}
@@ -117,7 +117,8 @@ def test_the_fields_of_code_left_untested_stay_out_of_the_flat_dict():
         "vllm_src", "vllm_patches", "differential_against_base", "decode_query_len",
         "varlen_decode", "query_len_bound", "execution", "switch_to_compute", "continuation",
         "lookback_refresh", "idle_step", "dummy_execution", "draft_sync_state", "replay_tag",
-        "ids_gather_wait", "staging_restore", "staging_vote", "draft_schedule"}
+        "ids_gather_wait", "staging_restore", "staging_vote", "draft_schedule",
+        "verify_slices"}
 
 
 @pytest.mark.parametrize("path", sorted([*SCENARIOS.rglob("*.json"), *SCENARIOS.rglob("*.toml")]),
@@ -150,7 +151,7 @@ def test_the_switches_of_the_harnesss_own_code_come_from_the_mutation():
                                           "eager_slices", "dummy_padding", "staging_restore",
                                           "continuation",
                                           "lookback_refresh", "idle_step", "dummy_execution",
-                                          "replay_tag")
+                                          "replay_tag", "verify_slices")
     with pytest.raises(ConfigError, match="^query_len_bound: switches the harness's own "
                                           "decision code"):
         HarnessConfig.of(sut="vllm", query_len_bound="rank-local")

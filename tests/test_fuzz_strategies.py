@@ -125,7 +125,8 @@ def test_most_microbatch_faults_land_on_a_step_whose_microbatch_threads_run():
     strategy = scenario_strategy(VARIANTS["stock-protocol"], {}, (4,))
     aimed, with_threads = 0, 0
 
-    @settings(max_examples=200, derandomize=True, database=None, deadline=None,
+    # Enough examples that three aimed draws in four stand well clear of the bound.
+    @settings(max_examples=600, derandomize=True, database=None, deadline=None,
               suppress_health_check=list(HealthCheck))
     @given(strategy)
     def count(scenario):
@@ -252,6 +253,8 @@ def test_an_idle_rank_beside_peers_that_pad_it_past_the_smallest_graph_is_drawn_
     # Where an idle rank's dummy batch must pad to the agreed graph (vLLM issue #26137): the
     # variant draws graph modes and two sizes. Seeds 0-2: 90 steps in 1842 (41 before FULL
     # mode drew request limits below the largest size); one fixed sample swung 25 -> 15.
+    # Since the search also draws releases, drafts beside microbatching and draft schedules,
+    # 34 in 1923 (2026-12-06); the variant is still found in 4 and 20 examples (seeds 0, 1).
     hits, steps = 0, 0
 
     @settings(max_examples=300, database=None, deadline=None,
@@ -268,4 +271,4 @@ def test_an_idle_rank_beside_peers_that_pad_it_past_the_smallest_graph_is_drawn_
 
     for seed in range(3):
         hypothesis_seed(seed)(count)()
-    assert hits >= steps / 40, (hits, steps)
+    assert hits >= steps / 80, (hits, steps)

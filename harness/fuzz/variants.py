@@ -202,6 +202,15 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
             # Drafts exist only with microbatching off.
             drawn=(("enable_dbo", st.just(False)), ("ubatch_size", st.just(0)),
                    ("decode_query_len", st.integers(2, 4)))),
+    Variant("verify-slices-upper-bound", "vllm 0.34.0's create_ubatch_slices under adaptive "
+            "verification: requests are cut by the untrimmed scheduled counts, so a "
+            "microbatch's request slice can end before a request whose tokens it runs "
+            "(docs/spec.md §7.24)",
+            mutation=Mutation(verify_slices="upper-bound"),
+            caught_by=("tokens_in_their_requests", "matches_reference"),
+            # Adaptive verification: drafts and varlen decode graphs (FULL_AND_PIECEWISE).
+            drawn=(("decode_query_len", st.integers(2, 4)), ("varlen_decode", st.just(True)),
+                   ("cudagraph_mode", st.just("FULL_AND_PIECEWISE")))),
     Variant("replay-identity-captured-once", "DeepGEMM #451: a graph bakes in the readiness "
             "tag the host knew at capture, so every replay ships an earlier run's tag and "
             "its receivers take stale blocks as fresh",

@@ -21,13 +21,13 @@ DECODE_LAYOUTS = ("varlen", "uniform")
 
 def draft_fields(draw, pick, drafting: bool = False, rarely: bool = False) -> dict[str, Any]:
     """Speculative decoding's fields: 1 + up to 3 draft tokens per decode request (at least
-    one when `drafting`, a config drawn for its drafts; in one config of four when `rarely`,
+    one when `drafting`, a config drawn for its drafts; in one config of eight when `rarely`,
     microbatched configs, whose other bugs need none), and with drafts three configs in four
     varlen decode graphs (adaptive verification), the graphs the query-length bound chooses
     between; shrunk, the simplest config has none."""
     lengths = st.integers(2 if drafting else 1, 4)
     if rarely and not drafting:
-        lengths = st.integers(0, 3).flatmap(lambda r: st.integers(2, 4) if r == 3 else st.just(1))
+        lengths = st.integers(0, 7).flatmap(lambda r: st.integers(2, 4) if r == 7 else st.just(1))
     q = pick("decode_query_len", lengths)
     varlen = pick("varlen_decode", st.integers(0, 3).map(bool) if q > 1 else st.just(False))
     return {"decode_query_len": q, "varlen_decode": varlen}

@@ -26,6 +26,7 @@ from harness.gen.drafts import (
     draft_schedules,
     uniform_beside_twin,
 )
+from harness.gen.verify_budget import verified_layout
 from harness.scenario import Scenario
 from harness.spec.decision import last_region_start
 from harness.vllm_code.release import Release
@@ -315,9 +316,12 @@ def draft_batches(draw, config: HarnessConfig) -> list[RankBatch]:
     for n, layout in shaped:
         skip = True if everyone_skips else draw(st.booleans())
         allow = _allows_ubatching(draw)
-        lens = draft_layout(config, n, layout, draw)
+        # Under adaptive verification one rank in three trims its drafts to a budget (§7.24).
+        verified = (draw(verified_layout(config, n)) if config.serving.varlen_decode
+                    and draw(st.integers(0, 2)) == 2 else None)
+        lens, scheduled = verified or (draft_layout(config, n, layout, draw), None)
         batches.append(RankBatch.from_query_lens(lens, allow, config.serving.decode_query_len,
-                                                 skip))
+                                                 skip, scheduled))
     return batches
 
 

@@ -16,7 +16,7 @@ from dataclasses import replace
 import torch
 
 from harness.batch import RankBatch, deciding_batch
-from harness.bug_switches import DummyExecution, DummyPadding, EagerSlices, IdleStep
+from harness.bug_switches import DummyExecution, DummyPadding, EagerSlices, IdleStep, VerifySlices
 from harness.config import CudaGraphMode, HarnessConfig
 from harness.faults import Fault, FaultKind, InjectedFault
 from harness.history.decision import GraphDescriptor
@@ -133,10 +133,16 @@ class RankRuntime:
                                        reached))
         return tuple(records)
 
+    def _slicing_lens(self, batch: RankBatch) -> tuple[int, ...]:
+        # vLLM 0.34.0 cuts requests by the untrimmed counts under adaptive verification (§7.24).
+        if self.config.mutation.verify_slices is VerifySlices.UPPER_BOUND:
+            return batch.slicing_lens()
+        return batch.request_query_lens()
+
     def step(self, index: int, requests: Sequence[RequestSpec], batch: RankBatch,
              faults: Sequence[Fault] = ()) -> StepRecord:
         start = time.monotonic()
-        lens = batch.request_query_lens()
+        lens = self._slicing_lens(batch)  # what the split counts requests by; buffers hold all
         mark = self.log.mark()
         plan, executed, captured_split, replay_split, fingerprint = None, "failed", (), (), ()
         replayed = None  # the descriptor of the graph whose replay ran

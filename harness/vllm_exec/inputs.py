@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from vllm.v1.worker.gpu.input_batch import InputBatch, InputBuffers
 
-from harness.batch import dummy_query_lens
+from harness.batch import RankBatch, dummy_query_lens
 from harness.model.state import RequestSpec
 from harness.vllm_exec.model import LAYER, AttnMeta
 
@@ -88,11 +88,14 @@ def whole_step_attn(state: MiniModelState, input_batch: InputBatch, for_capture:
 
 
 def step_input_batch(buffers: InputBuffers, requests: Sequence[RequestSpec], num_tokens: int,
-                     num_reqs: int, scratch_slot: int, device: torch.device) -> InputBatch:
+                     num_reqs: int, scratch_slot: int, device: torch.device,
+                     verified: RankBatch | None = None) -> InputBatch:
     """The InputBatch of a step padded to `num_tokens` / `num_reqs`, written into `buffers`
     (on `device`; the `_np` and `_cpu` fields stay on the host, as vLLM keeps them). A rank
     with no request runs a dummy batch of scratch requests, every token padding, as vLLM's
-    dummy run does."""
+    dummy run does. A `verified` batch whose drafts adaptive verification trimmed is laid out
+    as 0.34's model runner does: the untrimmed counts in num_scheduled_tokens, the even host
+    layout in query_start_loc_np, the device's own on the device (docs/spec.md §1.6)."""
     dummy = not requests
     if dummy:
         requests = [RequestSpec(scratch_slot, 0, (0,) * q)
@@ -109,6 +112,10 @@ def step_input_batch(buffers: InputBuffers, requests: Sequence[RequestSpec], num
     np.cumsum(query_lens, out=starts[1:m + 1])
     starts[m + 1:] = n
     buffers.query_start_loc[:num_reqs + 1].copy_(torch.from_numpy(starts))
+    scheduled = query_lens
+    if verified is not None and verified.scheduled_lens is not None and not dummy:
+        scheduled = np.array(verified.scheduled_lens, dtype=np.int32)
+        np.cumsum(np.array(verified.host_lens(), dtype=np.int32), out=starts[1:m + 1])
     seq_lens = [r.seq_len for r in requests] + [0] * (num_reqs - m)
     buffers.seq_lens[:num_reqs].copy_(torch.tensor(seq_lens, dtype=torch.int32))
     slots = np.array([r.slot for r in requests] + [scratch_slot] * (num_reqs - m), dtype=np.intp)
@@ -119,7 +126,7 @@ def step_input_batch(buffers: InputBuffers, requests: Sequence[RequestSpec], num
         idx_mapping=torch.from_numpy(slots).to(device, torch.int64), idx_mapping_np=slots,
         expanded_idx_mapping=torch.from_numpy(slots[:m]).to(device, torch.int64),
         expanded_local_pos=torch.zeros(m, dtype=torch.int32, device=device),
-        num_scheduled_tokens=query_lens, num_tokens=n, num_tokens_after_padding=num_tokens,
+        num_scheduled_tokens=scheduled, num_tokens=n, num_tokens_after_padding=num_tokens,
         num_draft_tokens=0, num_draft_tokens_per_req=None,
         query_start_loc=qsl, query_start_loc_np=starts,
         seq_lens=buffers.seq_lens[:num_reqs],

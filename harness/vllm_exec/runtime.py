@@ -217,7 +217,7 @@ class VllmExecRuntime:
                 self.fence.check()  # a device held by a stuck collective takes no new work
             plan = decide_under_rank_faults(self, batch, faults)
             with torch.inference_mode():  # as vLLM's worker runs execute_model
-                ran = self._execute(plan, requests, batch.num_tokens)
+                ran = self._execute(plan, requests, batch.num_tokens, batch)
         except BaseException as exc:  # reported in the record
             error = error_of(exc)
         finally:
@@ -249,7 +249,8 @@ class VllmExecRuntime:
         chosen = _Chosen(desc, desc.num_tokens, desc.num_reqs)
         return self._execute(chosen, requests, sum(r.query_len for r in requests)).outputs
 
-    def _execute(self, plan, requests: Sequence[RequestSpec], real_tokens: int) -> _Ran:
+    def _execute(self, plan, requests: Sequence[RequestSpec], real_tokens: int,
+                 verified: RankBatch | None = None) -> _Ran:
         desc = plan.desc
         vdesc = to_vllm(desc)
         graph = (self.manager.graphs.get(vdesc) if desc.cg_mode is CudaGraphMode.FULL
@@ -259,7 +260,7 @@ class VllmExecRuntime:
         if graph is not None:
             num_tokens, num_reqs = vdesc.num_tokens, vdesc.num_reqs or num_reqs
         batch = step_input_batch(self.buffers, requests, num_tokens, num_reqs,
-                                 self.cache.scratch_slot, self.device)
+                                 self.cache.scratch_slot, self.device, verified)
         whole = ((0, num_reqs, 0, num_tokens),)
         if graph is not None:
             return self._replay(vdesc, graph, batch, real_tokens, whole)
