@@ -14,12 +14,17 @@ from harness.gen.reach import (
     at_guard_edge,
     at_request_limit,
     crosses_region,
+    cut_between_requests,
+    drafts_split,
     exercised_fields,
+    has_draft_schedule,
     has_drafts,
     has_fault,
     has_idle_rank,
+    models_0_33,
     replays_twin,
     straddles_region,
+    trims_drafts_in_split,
 )
 from harness.scenario import Scenario, scenario_from_dict
 
@@ -128,6 +133,35 @@ def test_a_scenario_with_a_fault_exercises_faults():
     fault = {"kind": "raise_in_ubatch", "rank": 0, "step": 0, "ubatch": 0}
     assert has_fault(scenario(SPLIT, decodes(16, 12), faults=(fault,)))
     assert not has_fault(scenario(SPLIT, decodes(16, 12)))
+
+
+SPLIT_DRAFTS = {**SPLIT, "decode_query_len": 3, "capture_sizes": [6, 15]}
+VERIFYING_SPLIT = {"decode_query_len": 4, "varlen_decode": True, "max_num_reqs": 8,
+                   "cudagraph_mode": "FULL_AND_PIECEWISE", "capture_sizes": [8, 16],
+                   "decode_threshold": 2, "prefill_threshold": 4}
+
+
+def test_drafts_in_a_split_step_cut_between_requests_are_the_new_surfaces_of_0_34():
+    uniform = scenario(SPLIT_DRAFTS, [{"query_lens": [3] * 5}, {"query_lens": [3] * 5}])
+    assert drafts_split(uniform) and cut_between_requests(uniform)
+    one_token = scenario(SPLIT, decodes(12, 12))
+    assert not drafts_split(one_token) and not cut_between_requests(one_token)
+    unsplit = scenario({**SPLIT_DRAFTS, "enable_dbo": False},
+                       [{"query_lens": [3] * 5}, {"query_lens": [3] * 5}])
+    assert not drafts_split(unsplit) and not cut_between_requests(unsplit)
+
+
+def test_a_release_schedule_and_trimmed_drafts_each_have_their_field():
+    assert models_0_33(scenario({**SPLIT, "release": "0.33"}, decodes(4, 4)))
+    assert not models_0_33(scenario(SPLIT, decodes(4, 4)))
+    scheduled = {**SPLIT_DRAFTS, "max_num_reqs": 16, "draft_schedule": [[3, 2], [2, 16]]}
+    assert has_draft_schedule(scenario(scheduled, decodes(4, 4)))
+    assert not has_draft_schedule(scenario(SPLIT_DRAFTS, decodes(4, 4)))
+    trimmed = [{"query_lens": [1, 1, 2], "scheduled_lens": [4, 4, 4]}, {"query_lens": [2, 2]}]
+    assert trims_drafts_in_split(scenario(VERIFYING_SPLIT, trimmed))
+    assert not trims_drafts_in_split(scenario({**VERIFYING_SPLIT, "enable_dbo": False}, trimmed))
+    assert not trims_drafts_in_split(scenario(VERIFYING_SPLIT, [{"query_lens": [1, 1, 2]},
+                                                               {"query_lens": [2, 2]}]))
 
 
 def test_every_field_is_named_once_with_a_one_line_meaning():

@@ -126,6 +126,34 @@ def straddles_region(scenario: Scenario) -> bool:
                for batch, plan in zip(batches, plans, strict=True))
 
 
+def models_0_33(scenario: Scenario) -> bool:
+    """A config modelling vLLM 0.33 (token-keyed graphs, no drafts with DBO)."""
+    return not scenario.config.serving.release.request_keyed_decode
+
+
+def drafts_split(scenario: Scenario) -> bool:
+    """Draft tokens in a step that is split into microbatches (0.34, §1.6)."""
+    return scenario.config.serving.decode_query_len > 1 and any(
+        plans[0].desc.microbatched for _, plans in _steps(scenario))
+
+
+def cut_between_requests(scenario: Scenario) -> bool:
+    """A split step cut between uniform requests of more than one token (0.34, §4.1)."""
+    return any(plans[0].desc.microbatched and (plans[0].uniform_token_count or 0) > 1
+               for _, plans in _steps(scenario))
+
+
+def has_draft_schedule(scenario: Scenario) -> bool:
+    """Dynamic speculative decoding: a draft schedule of several query lengths (§1.6)."""
+    return scenario.config.serving.draft_schedule is not None
+
+
+def trims_drafts_in_split(scenario: Scenario) -> bool:
+    """A rank whose drafts adaptive verification trimmed, in a split step (§7.24)."""
+    return any(plans[0].desc.microbatched and any(b.scheduled_lens for b in batches)
+               for batches, plans in _steps(scenario))
+
+
 def has_fault(scenario: Scenario) -> bool:
     """A scenario carrying a fault (the nemesis)."""
     return bool(scenario.faults)
@@ -144,6 +172,13 @@ FIELDS: tuple[Field, ...] = (
     Field("straddles", "a request crosses a region boundary of a split step",
           straddles_region),
     Field("faults", "the scenario carries a fault", has_fault),
+    Field("release 0.33", "the config models vLLM 0.33", models_0_33),
+    Field("drafts split", "decode_query_len > 1 in a microbatched step (0.34)", drafts_split),
+    Field("request cut", "a split step cut between uniform requests of q > 1 tokens",
+          cut_between_requests),
+    Field("draft schedule", "several decode query lengths (dynamic drafts)", has_draft_schedule),
+    Field("trimmed drafts", "a rank's drafts trimmed to a budget, in a split step",
+          trims_drafts_in_split),
 )
 
 
