@@ -161,3 +161,18 @@ def test_tokens_in_their_requests_judges_every_rank_and_is_not_applicable_unspli
     whole = [_ran(r, ((0, 5, 0, 15),)) for r in range(2)]
     assert check_tokens_in_their_requests(whole, lens).outcome is Outcome.NOT_APPLICABLE
     assert check_tokens_in_their_requests(records, ()).outcome is Outcome.NOT_APPLICABLE
+
+
+def test_an_idle_ranks_dummy_batch_on_a_twin_is_not_an_empty_region_but_a_busy_rank_is():
+    # With drafts the idle rank's dummy batch (one request of q = 3) meets the guard on the
+    # twin of 1 request x 3 tokens, cut by tokens at 1: its regions are padding by design.
+    config = drafts_split(capture_sizes=(3, 6), max_num_reqs=8, decode_threshold=2,
+                          prefill_threshold=4)
+    plans = plan_without_world(config, [RankBatch.uniform(0), uniform(1)])
+    assert [p.kind for p in plans] == ["full-microbatched"] * 2 and plans[0].real_tokens == 0
+    records = [replace(r, plan=p, ran_split=((0, 1, 0, 1), (0, 1, 1, 3)))
+               for r, p in zip(step_records(2), plans, strict=True)]
+    assert check_no_empty_region(records).outcome is Outcome.HELD
+    records[1] = replace(records[1], ran_split=((0, 1, 0, 3), (0, 1, 3, 3)))
+    judged = check_no_empty_region(records)
+    assert judged.outcome is Outcome.FAILED and "rank 1" in judged.detail
