@@ -13,10 +13,8 @@ from typing import Any, NoReturn
 
 from harness.batch import RankBatch, validate_batches
 from harness.check.agreement import first_disagreement
-from harness.check.exhaustive import explore
 from harness.check.history_file import SavedRun, check_writable, save_run
 from harness.check.judge import judge
-from harness.check.reference import reference_rows
 from harness.cli_check import add_check_command
 from harness.cli_config import (
     add_config_flags,
@@ -38,8 +36,10 @@ from harness.cli_vllm import add_vllm_flags, scenario_with_vllm_code, tested_vll
 from harness.config import HarnessConfig
 from harness.config_values import check_seconds
 from harness.errors import ConfigError, HarnessCannot
+from harness.exhaustive import explore
 from harness.fuzz.command import add_fuzz_command
 from harness.history.decision import StepPlan
+from harness.reference_plans import references_for
 from harness.report.command import add_report_command
 from harness.report.matrix_command import add_matrix_command
 from harness.scenario import load_scenario
@@ -155,7 +155,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                        preload_vllm=scenario.config.uses_vllm)
     try:
         history = world.run(scenario)
-        references = tuple(reference_rows(history.scenario))
+        references = tuple(references_for(history.scenario))
         result = judge(history, references)
     finally:
         leftover = world.close()

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from harness.check.exhaustive import explore
 from harness.config import HarnessConfig
+from harness.exhaustive import explore
 from harness.fuzz.engine import Budget, fuzz
 from harness.fuzz.variants import Variant
 from harness.history.scenario_history import ScenarioHistory

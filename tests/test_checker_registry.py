@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from record_builders import DEADLINE_S, reference, startup_records, step_records
+from record_builders import DEADLINE_S, config, reference, startup_records, step_records
 
 from harness.check.registry import REGISTRY, Phase, check_startup, check_step, checkers_of
 from harness.check.verdict import Outcome
@@ -30,7 +30,7 @@ def test_every_checker_name_is_registered_once_with_one_phase():
 def test_a_full_step_gives_one_verdict_per_step_checker_in_registry_order():
     verdicts = check_step(step_records(2), reference(2), DEADLINE_S)
     assert [v.checker for v in verdicts] == [c.name for c in checkers_of(Phase.STEP)]
-    assert [v.checker for v in check_startup(startup_records(2), DEADLINE_S)] == [
+    assert [v.checker for v in check_startup(startup_records(2), DEADLINE_S, config(2))] == [
         c.name for c in checkers_of(Phase.STARTUP)]
 
 
@@ -87,6 +87,6 @@ def test_vllms_checks_judge_a_step_that_ran_on_vllms_execution():
 
 def test_a_startup_with_a_rank_still_capturing_fails_startup_and_judges_nothing_else():
     records = [*startup_records(2)[:1], None]
-    got = outcomes(check_startup(records, DEADLINE_S))
+    got = outcomes(check_startup(records, DEADLINE_S, config(2)))
     assert got.pop("startup") is Outcome.FAILED
     assert set(got.values()) == {Outcome.NOT_APPLICABLE}

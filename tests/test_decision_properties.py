@@ -1,15 +1,25 @@
-"""Properties of the decision layer over Hypothesis-drawn configs and DP skews."""
+"""Properties of the decision layer over Hypothesis-drawn configs and DP skews. A property
+asserted under a branch is drawn into that branch (tests/aimed_steps.py), and a test counts
+that it reaches its assertions in at least a fifth of its examples."""
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, assume, find, given, settings
+import pytest
+from aimed_steps import aimed_steps
+from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
+from property_reach import MIN_SHARE, reach_share
 
 from harness.check.agreement import first_disagreement
 from harness.config import CudaGraphMode, Guard
 from harness.gen.strategies import configs, steps
 from harness.sut.descriptor import is_compatible
 from harness.sut.step_plan import graph_table_for, plan_without_world
+
+GUARDS_DRAWN = (Guard.FIXED, Guard.MERGED, Guard.STRICT_K2)
+AIMED = aimed_steps()  # three in four around a twin's last region start, the rest plain
+# The light rank on the last region start or just below it: where the guards part.
+AT_GUARD_EDGE = aimed_steps(GUARDS_DRAWN, light=(-1, 0))
 
 
 @st.composite
@@ -52,27 +62,41 @@ def test_every_rank_derives_the_same_decision_from_the_gathered_matrix(step):
     assert disagreement is None, disagreement.describe()
 
 
-@given(steps())
-def test_microbatched_steps_pad_every_rank_to_one_size_split_the_same_way(step):
+def pads_every_rank_to_one_size(step) -> bool:
+    """A microbatched step pads every rank to one size split the same way; False: the step
+    was not microbatched, so nothing was asserted."""
     config, batches = step
     plans = plan_without_world(config, batches)
     if plans[0].desc.num_ubatches == 1:
-        return
+        return False
     assert len({p.num_tokens for p in plans}) == 1
     assert all(len(p.regions) == config.num_ubatches for p in plans)
     assert all(sum(r.tokens for r in p.regions) == p.num_tokens for p in plans)
     assert plans[0].num_tokens >= max(b.num_tokens for b in batches)
+    return True
 
 
-@given(steps())
+@given(AIMED)
+def test_microbatched_steps_pad_every_rank_to_one_size_split_the_same_way(step):
+    pads_every_rank_to_one_size(step)
+
+
+def replays_a_twin_with_real_tokens_everywhere(step) -> bool:
+    """Under the fixed guard a replayed microbatched graph has a real token in every region;
+    False: no rank replayed one."""
+    config, batches = step
+    replayed = [p for p in plan_without_world(config, batches) if p.kind == "full-microbatched"]
+    for plan in replayed:
+        empty = [i for i, r in enumerate(plan.regions) if r.real_tokens == 0]
+        assert not empty, f"rank {plan.rank} replays {plan.desc.label()} with empty " \
+                          f"regions {empty}"
+    return bool(replayed)
+
+
+@given(AIMED)
 def test_with_the_fixed_guard_a_replayed_microbatched_graph_has_a_real_token_in_every_region(
         step):
-    config, batches = step
-    for plan in plan_without_world(config, batches):
-        if plan.kind == "full-microbatched":
-            empty = [i for i, r in enumerate(plan.regions) if r.real_tokens == 0]
-            assert not empty, f"rank {plan.rank} replays {plan.desc.label()} with empty " \
-                              f"regions {empty}"
+    replays_a_twin_with_real_tokens_everywhere(step)
 
 
 def _replays_an_empty_region(step) -> bool:
@@ -97,15 +121,48 @@ def test_hypothesis_finds_the_merged_guard_bug_by_itself_and_shrinks_it_to_half_
     assert plans[0].kind == "full-microbatched"
 
 
-@given(steps(configs(guards=(Guard.FIXED, Guard.MERGED, Guard.STRICT_K2))))
-def test_guards_differ_only_on_the_microbatched_graph_versus_eager_choice(step):
+def guards_differ_only_on_twin_or_eager(step) -> bool:
+    """Where two guards plan a rank differently, one replays the twin and the other splits
+    eagerly; False: every guard planned every rank alike."""
     config, batches = step
-    assume(config.serving.cudagraph_mode is not CudaGraphMode.NONE)
+    if config.serving.cudagraph_mode is CudaGraphMode.NONE:
+        return False
     kinds = {guard: [p.kind for p in plan_without_world(config.with_changes(guard=guard),
                                                         batches)]
              for guard in Guard}
-    for a in Guard:
-        for b in Guard:
-            for ka, kb in zip(kinds[a], kinds[b], strict=True):
-                if ka != kb:
-                    assert {ka, kb} == {"full-microbatched", "eager-microbatched"}
+    differ = {frozenset((ka, kb)) for a in Guard for b in Guard
+              for ka, kb in zip(kinds[a], kinds[b], strict=True) if ka != kb}
+    assert differ <= {frozenset(("full-microbatched", "eager-microbatched"))}, differ
+    return bool(differ)
+
+
+@given(AT_GUARD_EDGE)
+def test_guards_differ_only_on_the_microbatched_graph_versus_eager_choice(step):
+    guards_differ_only_on_twin_or_eager(step)
+
+
+# Each property asserted under a branch: the strategy its test draws from, and its body.
+PROPERTIES = {
+    "pads": (AIMED, pads_every_rank_to_one_size),
+    "real tokens": (AIMED, replays_a_twin_with_real_tokens_everywhere),
+    "guards": (AT_GUARD_EDGE, guards_differ_only_on_twin_or_eager),
+}
+
+
+@pytest.mark.parametrize("at_seed", [0, 1, 2])
+@pytest.mark.parametrize("name", sorted(PROPERTIES))
+def test_each_branch_guarded_property_reaches_its_assertions_in_a_fifth_of_its_examples(
+        name, at_seed):
+    strategy, body = PROPERTIES[name]
+    assert reach_share(strategy, body, at_seed=at_seed) >= MIN_SHARE
+
+
+@pytest.mark.parametrize("guard", [Guard.MERGED, Guard.STRICT_K2])
+def test_the_aimed_steps_find_the_empty_region_a_literal_two_guard_replays(guard):
+    with pytest.raises(AssertionError, match="with empty regions"):
+        reach_share(aimed_steps((guard,)), replays_a_twin_with_real_tokens_everywhere)
+
+
+def test_the_plain_steps_reach_the_replayed_twins_assertion_too_rarely_to_count():
+    # What the tests above drew before: one replayed twin in 100 examples at seed 0.
+    assert reach_share(steps(), replays_a_twin_with_real_tokens_everywhere) < MIN_SHARE

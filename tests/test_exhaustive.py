@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 from harness.batch import RankBatch
-from harness.check.exhaustive import explore
 from harness.cli import EXIT_FOUND, EXIT_OK, main
 from harness.config import HarnessConfig
+from harness.exhaustive import explore
 from harness.sut.step_plan import plan_without_world
 
 SMALL = dict(capture_sizes=(16, 32, 48), max_num_reqs=64, max_num_batched_tokens=64,

@@ -42,8 +42,9 @@ def make_runtime(world, warm_cublas: bool = True, **fields) -> RankRuntime:
                        warm_cublas=warm_cublas)
 
 
-def failed_checkers(startup) -> list[str]:
-    return [v.checker for v in check_startup([startup], STARTUP_DEADLINE_S) if not v.ok]
+def failed_checkers(startup, config) -> list[str]:
+    return [v.checker for v in check_startup([startup], STARTUP_DEADLINE_S, config)
+            if not v.ok]
 
 
 def describe(checked) -> str:
@@ -102,7 +103,7 @@ def test_an_nccl_all_to_all_inside_a_capture_waits_on_the_stream_and_replays(wor
 def test_every_full_graph_is_captured_with_work_and_leaves_no_thread_behind(captured):
     runtime, startup = captured
     assert startup.error is None, startup.error.describe()
-    assert failed_checkers(startup) == []
+    assert failed_checkers(startup, runtime.config) == []
     labels = [g.label for g in startup.graphs]
     assert any("ub2" in label for label in labels) and any("ub2" not in label for label in labels)
     assert all(g.empty is False for g in startup.graphs), labels
@@ -180,7 +181,7 @@ def test_capturing_on_the_side_stream_fails_the_capture_and_releases_the_threads
     startup = runtime.startup()
     assert startup.error is not None, [g.label for g in startup.graphs]
     assert "captur" in startup.error.describe().lower(), startup.error.describe()
-    assert "startup" in failed_checkers(startup)
+    assert "startup" in failed_checkers(startup, runtime.config)
     assert startup.threads_alive == () and not startup.pending_run
     assert runtime.runner.alive_threads() == []
     # Only the whole-step graph captured before the first twin exists, and it holds work.
@@ -195,7 +196,7 @@ def test_a_microbatch_thread_without_cublas_warm_up_fails_the_capture_and_is_rel
         startup = runtime.startup()
         assert startup.error is not None, [g.label for g in startup.graphs]
         assert "CUBLAS" in startup.error.describe(), startup.error.describe()
-        assert "startup" in failed_checkers(startup)
+        assert "startup" in failed_checkers(startup, runtime.config)
         assert startup.threads_alive == () and not startup.pending_run
         assert not runtime.runner.has_pending_run and runtime.runner.alive_threads() == []
         assert all(g.num_ubatches == 1 for g in startup.graphs)
@@ -206,7 +207,7 @@ def test_the_cublas_warm_up_lets_threads_without_a_free_handle_capture(world):
     drain_cublas_handles_at_capture(runtime)
     startup = runtime.startup()
     assert startup.error is None, startup.error.describe()
-    assert failed_checkers(startup) == []
+    assert failed_checkers(startup, runtime.config) == []
     checked = run_checked(runtime, one_rank_scenario(runtime.config, decode(16)))
     assert checked[0].record.executed == "replay" and not checked[0].problems, describe(checked)
 

@@ -21,6 +21,7 @@ from harness.check.history_file import VERSION, SavedRun, load_run, save_run
 from harness.check.reference import ReferenceRows, reference_rows
 from harness.cli import EXIT_BAD_INPUT, EXIT_FOUND, EXIT_OK, main
 from harness.history.codec import decode, encode
+from harness.history.decision import descriptor_of_label
 from harness.history.records import StartupRecord, StepRecord
 from harness.scenario import scenario_from_dict
 from harness.timeouts import Timeouts
@@ -99,6 +100,40 @@ def test_an_edited_row_of_one_rank_is_judged_a_mismatch_with_the_reference(capsy
     failed = {v["checker"]: v["detail"] for v in out["steps"][0]["verdicts"] if not v["ok"]}
     assert set(failed) == {"matches_reference"}
     assert "rank 1" in failed["matches_reference"]
+
+
+def _graphs(data: dict) -> list[dict]:
+    return [g for rank in data["startup"] for g in rank["graphs"]]
+
+
+def _check_json(capsys, path: Path) -> tuple[int, dict]:
+    capsys.readouterr()
+    code = main(["check", "--history", str(path), "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_reach_is_judged_again_from_the_saved_graphs_not_from_the_ranks_own_claim(
+        capsys, tmp_path, saved_text):
+    data = json.loads(saved_text)
+    twins = [g for g in _graphs(data) if g["num_ubatches"] > 1]
+    assert twins and all(g["reached_by"] is not None for g in twins)
+    for graph in _graphs(data):
+        graph["reached_by"] = None  # every rank now claims no batch reaches its graphs
+    disowned = tmp_path / "disowned.json"
+    disowned.write_text(json.dumps(data))
+    assert _check_json(capsys, disowned)[0] == EXIT_OK
+    # Rank 1's twin now takes two tokens a request (no decode here has more than one); it
+    # still claims the batch that reached it before.
+    claimed = next(g for g in data["startup"][1]["graphs"] if g["num_ubatches"] > 1)
+    twin = descriptor_of_label(claimed["label"])
+    wider = dataclasses.replace(twin, num_reqs=twin.num_tokens // 2, uniform_token_count=2)
+    claimed.update(label=wider.label(), reached_by=twin.num_tokens)
+    relabelled = tmp_path / "relabelled.json"
+    relabelled.write_text(json.dumps(data))
+    code, out = _check_json(capsys, relabelled)
+    failed = {v["checker"]: v["detail"] for v in out["startup"] if not v["ok"]}
+    assert code == EXIT_FOUND and set(failed) == {"graphs_reachable"}
+    assert failed["graphs_reachable"].startswith("rank 1: 1 graph(s) no legal batch can replay")
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,14 @@
 """The flow generator -> world -> history -> judge -> report, read from the imports: every
-package of `harness` sits on one layer, and imports only from layers below its own."""
+package of `harness` sits on one layer, and imports only from layers below its own; and the
+judge reaches no code under test through any chain of imports."""
 
 from __future__ import annotations
 
 import ast
 from collections.abc import Iterable
 from pathlib import Path
+
+from test_import_graph import import_graph, write_package
 
 HARNESS = Path(__file__).resolve().parents[1] / "harness"
 
@@ -25,7 +28,9 @@ LAYERS = (
     "vllm_exec",  # vLLM's execution code running the rank's steps
     "gen",  # Hypothesis strategies: they know nothing of worlds
     "world",  # where ranks live (the single-rank GPU world too); hands back history
-    "check",  # the judge: checkers over history, nothing of processes
+    "check",  # the judge: checkers over history, nothing of processes nor of the rank code
+    "reference_plans",  # what another system is held to, made by the harness's decision code
+    "exhaustive",  # every decode vector of a small world through the decision code
     "cli_config", "cli_vllm", "fuzz", "report", "bench",
     "cli_result", "cli_check",  # the verdicts as `run` prints them; a saved run judged again
     "cli",
@@ -137,3 +142,57 @@ def test_a_new_package_without_a_layer_is_refused(tmp_path):
         "newpkg/thing.py: package 'newpkg' has no layer in LAYERS",
         "sut/systems.py: package 'newpkg' has no layer in LAYERS"]
     assert cycles(edges) == [["newpkg", "sut", "newpkg"]]
+
+
+# The judge holds a run to an oracle with no bug in it: no module of check reaches, through
+# any chain of imports, the rank code a world runs (it sits below check in LAYERS).
+UNDER_TEST = ("sut", "vllm_sut", "vllm_exec")
+
+
+def judge_reaches_code_under_test(root: Path = HARNESS) -> list[str]:
+    """One import chain 'check module -> ... -> module under test' per module under test that
+    a module of check reaches."""
+    graph = import_graph(root)
+    came_from = {m: "" for m in graph if _package(m) == "check"}
+    todo = sorted(came_from)
+    while todo:  # breadth first: each chain found is a shortest one
+        module = todo.pop(0)
+        for nxt in sorted(graph.get(module, ())):
+            if nxt not in came_from:
+                came_from[nxt] = module
+                todo.append(nxt)
+    chains = []
+    for module in sorted(m for m in came_from if _package(m) in UNDER_TEST):
+        chain = [module]
+        while came_from[chain[-1]]:
+            chain.append(came_from[chain[-1]])
+        chains.append(" -> ".join(reversed(chain)))
+    return chains
+
+
+def _package(module: str) -> str:
+    """The package of `harness` (or of a test's stand-in) a dotted module name sits in."""
+    return module.split(".")[1] if "." in module else ""
+
+
+def test_the_judge_imports_nothing_of_the_code_under_test_through_any_chain():
+    assert judge_reaches_code_under_test() == []
+
+
+def test_a_checker_reaching_the_rank_code_through_another_module_is_refused(tmp_path):
+    package = write_package(tmp_path, {
+        "check/__init__.py": "",
+        "check/judge.py": "from pkg.gen import aim\n",  # gen sits below check in LAYERS
+        "check/clean.py": "from pkg.spec import decision\n",
+        "gen/__init__.py": "",
+        "gen/aim.py": "def plans():\n    from pkg.sut.step_plan import plan\n",
+        "spec/__init__.py": "",
+        "spec/decision.py": "",
+        "sut/__init__.py": "",
+        "sut/step_plan.py": "",
+        "vllm_exec/__init__.py": "",
+        "vllm_exec/runner.py": "import pkg.check.clean\n",  # the other way is allowed
+    })
+    assert judge_reaches_code_under_test(package) == [
+        "pkg.check.judge -> pkg.gen.aim -> pkg.sut",
+        "pkg.check.judge -> pkg.gen.aim -> pkg.sut.step_plan"]

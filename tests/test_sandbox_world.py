@@ -151,7 +151,7 @@ def test_a_crash_in_capture_fails_start_up_naming_the_crash():
     case = scenario()
     errors = crash_errors(case, None, -11, {0: "all_to_all [258, 19] float64", 1: None}, None)
     history = crashed_history(case, FAST, None, [], -11, {}, None, "")
-    verdicts = {v.checker: v for v in check_startup(history.startup, 1.0)}
+    verdicts = {v.checker: v for v in check_startup(history.startup, 1.0, case.config)}
     assert not verdicts["startup"].ok
     assert "SIGSEGV: Segmentation fault" in verdicts["startup"].detail
     assert "rank 0 all_to_all [258, 19] float64; rank 1 none yet" in errors[0].message

@@ -16,10 +16,10 @@ import pytest
 import torch
 from vllm_releases import SHIPS_THE_KNOWN_BUGS, on_installed, release_patch, ships_the_known_bugs
 
-from harness.check.judge import judge
 from harness.check.verdict import Outcome
 from harness.config import HarnessConfig
 from harness.errors import ConfigError
+from harness.reference_plans import judge_run
 from harness.scenario import load_scenario, scenario_from_dict
 from harness.timeouts import Timeouts
 from harness.vllm_sut.available import unavailable_reason, vllm_version
@@ -54,7 +54,7 @@ def run(world, data: dict, patches=()):
     if patches:
         config = scenario.config.with_changes(vllm_patches=patches)
         scenario = scenario_from_dict({**data, "config": config.to_dict()})
-    return judge(world.run(scenario))
+    return judge_run(world.run(scenario))
 
 
 def failed(result) -> dict[str, str]:

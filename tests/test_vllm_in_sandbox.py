@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.check.judge import judge
 from harness.fuzz.engine import FUZZ_TIMEOUTS
+from harness.reference_plans import judge_run
 from harness.scenario import scenario_from_dict
 from harness.vllm_sut.available import installed_release, unavailable_reason, vllm_version
 from harness.world.sandbox.world import SandboxedSimWorld
@@ -25,7 +25,7 @@ def test_the_first_vllm_scenario_of_a_sandboxed_world_is_judged_not_timed_out():
                    "capture_sizes": [8, 16], "max_num_reqs": 16, "max_num_batched_tokens": 64},
         "steps": [{"ranks": [12, 16]}, {"ranks": [3, 5]}]})
     with SandboxedSimWorld(2, FUZZ_TIMEOUTS) as world:
-        result = judge(world.run(scenario))
-        again = judge(world.run(scenario))
+        result = judge_run(world.run(scenario))
+        again = judge_run(world.run(scenario))
     assert result.ok, [f"{v.checker}: {v.detail}" for _, v in result.failed_verdicts()]
     assert again.ok and world.launches == 1

@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 from vllm_releases import SHIPS_THE_KNOWN_BUGS, on_installed, release_patch, ships_the_known_bugs
 
-from harness.check.exhaustive import explore
-from harness.check.judge import judge
 from harness.cli import main
 from harness.cli_vllm import vllm_fields
 from harness.config import HarnessConfig, ubatching_fields
 from harness.errors import ConfigError
+from harness.exhaustive import explore
 from harness.fuzz.engine import FUZZ_TIMEOUTS, Budget, fuzz
 from harness.fuzz.variants import SUT_VARIANTS
+from harness.reference_plans import judge_run
 from harness.scenario import load_scenario, scenario_from_dict
 from harness.sut.thresholds import last_region_start
 from harness.vllm_code.source import VllmPatch, content_hash
@@ -139,8 +139,8 @@ def test_the_differential_against_base_names_a_decision_the_fix_was_not_meant_to
     greedy = patched(INCLUSIVE.diff, "<= ubatch_desc.num_tokens:",
                      "<= ubatch_desc.num_tokens + 2:", "greedy.diff")
     with SimWorld(2, FUZZ_TIMEOUTS) as world:
-        result = judge(world.run(guard_scenario([3, 4], greedy)))
-        fixed = judge(world.run(guard_scenario([2, 4], LAST_REGION)))
+        result = judge_run(world.run(guard_scenario([3, 4], greedy)))
+        fixed = judge_run(world.run(guard_scenario([2, 4], LAST_REGION)))
     verdicts = {v.checker: v for v in result.steps[0].verdicts}
     assert not verdicts["differential_base"].ok
     assert verdicts["differential_base"].detail == (

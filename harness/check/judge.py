@@ -51,11 +51,13 @@ class ScenarioResult:
 
 def judge(history: ScenarioHistory,
           references: Sequence[ReferenceRows] | None = None) -> ScenarioResult:
-    """Every checker over `history`; against `references` when given (a saved run's), else
-    the single-process reference computed from its scenario."""
+    """Every checker over `history`; against `references` when given (a saved run's, or
+    harness/reference_plans.py's), else the single-process reference computed from its
+    scenario, which the judge makes alone only where the harness decided."""
     references = reference_rows(history.scenario) if references is None else references
     deadlines = history.timeouts
-    startup_verdicts = tuple(check_startup(history.startup, deadlines.startup_deadline_s))
+    startup_verdicts = tuple(check_startup(history.startup, deadlines.startup_deadline_s,
+                                           history.scenario.config))
     results = tuple(StepResult(records, tuple(check_step(records, references[i],
                                                           deadlines.step_deadline_s,
                                                           history.evidence)))

@@ -1,12 +1,14 @@
 """The single-process reference each step is held to: rows, state and routes from the
-plain model, and the plans each rank should have made: where another system decided, the
-harness's own; where the harness decided, the plain oracle of docs/spec.md (spec_decision)."""
+plain model, and the plans each rank should have made: where the harness decided, the plain
+oracle of docs/spec.md (spec_decision); where another system decided, the plans it is compared
+with, computed outside the judge (harness/reference_plans.py) and handed in, since the judge
+imports no system under test."""
 
 from __future__ import annotations
 
 import functools
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -19,8 +21,6 @@ from harness.model.state import RequestSpec, initial_state
 from harness.model.weights import MoEWeights
 from harness.scenario import Scenario
 from harness.spec.decision import spec_plans
-from harness.sut.step_plan import plan_without_world
-from harness.sut.systems import base_config, plans_without_world, reference_config
 
 
 @dataclass(frozen=True)
@@ -42,20 +42,40 @@ class ReferenceRows:
     query_lens: tuple[tuple[int, ...], ...] = ()
 
 
-def reference_rows(scenario: Scenario) -> list[ReferenceRows]:
-    """The single-process reference of every step, each from the previous step's state."""
+@dataclass(frozen=True)
+class PlansToMatch:
+    """One step's plans another system is compared with, per rank (None: not compared)."""
+
+    plans: tuple[StepPlan, ...] | None = None  # the harness's own decision code's
+    base_plans: tuple[StepPlan, ...] | None = None  # the unpatched vLLM's
+
+
+def needs_plans_to_match(config: HarnessConfig) -> bool:
+    """Whether another system decided, or a base vLLM was asked for: the judge cannot make
+    those plans itself."""
+    return (config.system.sut is not DecisionSystem.HARNESS
+            or config.system.differential_against_base)
+
+
+def reference_rows(scenario: Scenario,
+                   to_match: Sequence[PlansToMatch] | None = None) -> list[ReferenceRows]:
+    """The single-process reference of every step, each from the previous step's state;
+    `to_match` (one per step) is required where another system decided."""
     config = scenario.config
-    judge_by = reference_config(config)  # another system's decisions are held to these
-    base = base_config(config)
+    if to_match is None and needs_plans_to_match(config):
+        raise ValueError("another system decided: the plans it is compared with come from "
+                         "harness.reference_plans.references_for, not from the judge")
+    to_match = [PlansToMatch()] * len(scenario.steps) if to_match is None else to_match
+    if len(to_match) != len(scenario.steps):
+        raise ValueError(f"{len(to_match)} steps of plans to match for {len(scenario.steps)}")
     requests = functools.cache(scenario.requests)  # built only when a rank's rows are
     rows = []
-    for i in range(len(scenario.steps)):
+    for i, matched in enumerate(to_match):
         ranks = [_rank_reference(config, rank, tuple(step[rank].query_lens
                                                      for step in scenario.steps[:i + 1]),
                                  requests)
                  for rank in range(config.serving.dp_size)]
         batches = scenario.batches(i)
-        plans = None if judge_by is None else tuple(plan_without_world(judge_by, batches))
         # The harness's own decisions are held to a second statement of the spec that
         # shares no code with it (invariant 29 of docs/spec.md §8).
         expected = (tuple(spec_plans(config, batches))
@@ -65,9 +85,7 @@ def reference_rows(scenario: Scenario) -> list[ReferenceRows]:
                                   tuple(tuple(sorted(route for r in ranks
                                                      for route in r.routes[dest]))
                                         for dest in range(config.serving.dp_size)),
-                                  plans, expected,
-                                  None if base is None else tuple(
-                                      plans_without_world(base, batches)),
+                                  matched.plans, expected, matched.base_plans,
                                   tuple(b.request_query_lens() for b in batches)))
     return rows
 

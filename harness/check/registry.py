@@ -21,6 +21,7 @@ from harness.check import (
 )
 from harness.check.reference import ReferenceRows
 from harness.check.verdict import Judgement, Verdict, not_applicable
+from harness.config import HarnessConfig
 from harness.history.records import StartupRecord, StepRecord
 from harness.invariants import CheckerName as N
 
@@ -35,6 +36,7 @@ class Phase(Enum):
 class StartupInputs:
     records: tuple[StartupRecord | None, ...]  # None: the rank never finished capture
     deadline_s: float
+    config: HarnessConfig  # what the spec judges the captured graphs' reach by
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,8 @@ REGISTRY: tuple[Checker, ...] = (
     Checker(N.CAPTURE_HYGIENE, Phase.STARTUP, _startup(startup.check_capture_hygiene)),
     Checker(N.GRAPHS_CAPTURE_WORK, Phase.STARTUP, _startup(startup.check_graphs_capture_work)),
     Checker(N.CAPTURE_SYMMETRY, Phase.STARTUP, _startup(startup.check_capture_symmetry)),
-    Checker(N.GRAPHS_REACHABLE, Phase.STARTUP, _startup(startup.check_graphs_reachable)),
+    Checker(N.GRAPHS_REACHABLE, Phase.STARTUP,
+            lambda s: startup.check_graphs_reachable(s.records, s.config)),
     Checker(N.LIVENESS, Phase.STEP,
             lambda s: checkers.check_liveness(s.records, s.deadline_s, s.evidence),
             judges_missing_ranks=True),
@@ -147,9 +150,10 @@ def checkers_of(phase: Phase) -> tuple[Checker, ...]:
     return tuple(c for c in REGISTRY if c.phase is phase)
 
 
-def check_startup(records: Sequence[StartupRecord | None], deadline_s: float) -> list[Verdict]:
+def check_startup(records: Sequence[StartupRecord | None], deadline_s: float,
+                  config: HarnessConfig) -> list[Verdict]:
     """Every start-up checker's verdict over every rank's capture record."""
-    inputs = StartupInputs(tuple(records), deadline_s)
+    inputs = StartupInputs(tuple(records), deadline_s, config)
     return [c.run(inputs) for c in checkers_of(Phase.STARTUP)]
 
 

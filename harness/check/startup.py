@@ -1,13 +1,17 @@
 """Checkers of start-up (docs/spec.md §8.2): capture finished on every rank, left no thread
 or pending run, and every graph it holds recorded work, lines up across ranks and can be
-replayed by some legal batch. Pure functions over every rank's start-up record."""
+replayed by some legal batch. Pure functions over every rank's start-up record (and,
+for reach, the config the spec judges it by)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from harness.check.verdict import Judgement, failed, held, not_applicable
+from harness.config import HarnessConfig
+from harness.history.decision import descriptor_of_label
 from harness.history.records import StartupRecord
+from harness.spec.decision import reached
 
 NO_GRAPH = "no rank captured a graph"
 
@@ -60,12 +64,21 @@ def check_capture_symmetry(records: Sequence[StartupRecord]) -> Judgement:
     return held()
 
 
-def check_graphs_reachable(records: Sequence[StartupRecord]) -> Judgement:
-    """Every rank holds only graphs some legal batch replays (ranks may hold other tables)."""
+def check_graphs_reachable(records: Sequence[StartupRecord],
+                           config: HarnessConfig) -> Judgement:
+    """Every rank holds only graphs some legal batch replays (ranks may hold other tables).
+    Reach is docs/spec.md §2.2 rule 3 over the graphs the record says were captured, never
+    the rank's own `reached_by`: a saved run is judged again from its labels alone."""
     if not any(rec.graphs for rec in records):
         return not_applicable(NO_GRAPH)
     for rec in records:
-        unreachable = [g for g in rec.graphs if g.reached_by is None]
+        try:
+            captured = [descriptor_of_label(g.label) for g in rec.graphs]
+        except ValueError as exc:
+            return failed(f"rank {rec.rank}: {exc}")
+        # An unsplit graph is replayed by a batch of its size that may not split (§2.2).
+        unreachable = [g for g, desc in zip(rec.graphs, captured, strict=True)
+                       if desc.microbatched and not reached(config, captured, desc)]
         if unreachable:
             wasted = sum(g.bytes for g in unreachable)
             names = ", ".join(g.label for g in unreachable)

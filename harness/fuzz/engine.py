@@ -26,7 +26,7 @@ from hypothesis.database import ExampleDatabase
 from hypothesis.errors import Flaky, Unsatisfiable
 
 from harness.check.coverage import CoverageTally
-from harness.check.judge import ScenarioResult, judge
+from harness.check.judge import ScenarioResult
 from harness.fuzz import profiles  # noqa: F401 - registers the profiles by name
 from harness.fuzz.database import (
     KeyedDatabase,
@@ -41,6 +41,7 @@ from harness.fuzz.variants import Variant
 from harness.gen.aim import steering
 from harness.gen.strategies import fuzz_configs, scenarios
 from harness.history.scenario_history import ScenarioHistory
+from harness.reference_plans import judge_run
 from harness.scenario import Scenario
 from harness.timeouts import Timeouts
 
@@ -200,7 +201,7 @@ class _Search:
     def _judge(self, scenario: Scenario) -> ExampleVerdict:
         """One world run, logged, reduced to the checker that matters."""
         began = time.monotonic()
-        result = judge(self.run(scenario))
+        result = judge_run(self.run(scenario))
         self.examples += 1
         self.tally.add_verdicts(result.verdicts())
         if self.log_path is not None:

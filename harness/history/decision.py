@@ -3,6 +3,7 @@ microbatch regions, and the rank's plan. Plain frozen data; the deciding lives i
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from harness.config import CudaGraphMode
@@ -37,6 +38,33 @@ class GraphDescriptor:
         if self.num_ubatches > 1:
             parts.append(f"ub{self.num_ubatches}")
         return "/".join(parts)
+
+
+# The label's parts after the mode, and the descriptor field each sets.
+_LABEL_PART = re.compile(r"(?P<n1>\d+)(?P<s1>tok|req)|(?P<s2>uct|mql|ub)(?P<n2>\d+)")
+_LABEL_FIELDS = {"tok": "num_tokens", "req": "num_reqs", "uct": "uniform_token_count",
+                 "mql": "max_query_len", "ub": "num_ubatches"}
+
+
+def descriptor_of_label(label: str) -> GraphDescriptor:
+    """The descriptor whose `label()` is `label`, so a saved record's graphs can be judged
+    again; anything else raises ValueError naming the part that does not fit."""
+    mode, *parts = label.split("/")
+    if mode not in CudaGraphMode.__members__:
+        raise ValueError(f"graph label {label!r}: {mode!r} is no CUDA graph mode")
+    fields: dict[str, int] = {}
+    for part in parts:
+        found = _LABEL_PART.fullmatch(part)
+        if found is None:
+            raise ValueError(f"graph label {label!r}: {part!r} is no descriptor field")
+        suffix = found["s1"] or found["s2"]
+        fields[_LABEL_FIELDS[suffix]] = int(found["n1"] or found["n2"])
+    if "num_tokens" not in fields:
+        raise ValueError(f"graph label {label!r} names no token count")
+    desc = GraphDescriptor(CudaGraphMode[mode], **fields)
+    if desc.label() != label:  # a field twice or out of order, or ub1 written out
+        raise ValueError(f"graph label {label!r} is not as a descriptor writes it")
+    return desc
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,9 @@ class GraphRecord:
     empty: bool | None
     fingerprint: Fingerprint
     bytes: int
-    reached_by: int | None  # a legal all-equal decode size that replays it; None: none does
+    # The rank's own claim: a legal all-equal decode size that replays it (None: none does).
+    # The judge reads only the label, and computes reach from the spec.
+    reached_by: int | None
 
 
 @dataclass(frozen=True)

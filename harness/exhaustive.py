@@ -1,5 +1,7 @@
 """Exhaustive mode: every per-rank decode token vector of a small world, through the decision
 layer and the structural checkers, with the smallest counterexample of each failure class.
+It drives the decision code, so it lives outside the judge (harness/check imports no system
+under test).
 
 The decision of a step depends on each rank's own batch and the gathered matrix, so each
 rank's column is computed once per token count; with a rank-symmetric config a vector and
