@@ -23,7 +23,7 @@ VLLM_REQUIREMENTS := requirements/vllm-$(VLLM).txt
 FUZZ_SECONDS ?= 60
 FUZZ_LOG ?= .harness/fuzz-log.jsonl
 
-.PHONY: env redis test test-dp vllm-install test-vllm test-gpu vllm-gpu-bundle test-vllm-gpu fuzz fuzz-campaign report bench bench-gpu lint clean
+.PHONY: env redis test test-dp test-multinode vllm-install test-vllm test-gpu vllm-gpu-bundle test-vllm-gpu fuzz fuzz-campaign report bench bench-gpu lint clean
 
 env: $(ENV_STAMP)
 
@@ -66,15 +66,37 @@ else
 		$(if $(RDZV),--rdzv-endpoint $(RDZV))) tests
 endif
 
+# A short two-node lane on one machine, run as a cluster runs it (harness/world/multinode/lane.py):
+# node 1 is `python -m harness.world.node`, node 0 the pytest driver with its own agent; c10d
+# rendezvous on 127.0.0.1 at a port free now. Either failing stops the other; bounded twice.
+# The multi-node tests (a rebuild after a killed rank, a lost node, a signalled driver), a
+# fault and four regression scenarios on the lane's DP world of 2 x NPROC ranks.
+MULTINODE_SECONDS ?= 300
+MULTINODE_SCENARIOS := guard-equality unreachable-twin replay-lookback-stale staging-restore-permuted
+MULTINODE_TESTS := \
+	$(foreach s,$(MULTINODE_SCENARIOS),'tests/test_distributed_suite.py::test_each_regression_scenario_is_caught_on_the_world_and_clean_in_the_reference[$(s)]') \
+	tests/test_distributed_suite.py::test_every_rank_stops_after_a_step_in_which_any_rank_failed \
+	tests/test_multinode_world.py \
+	tests/test_node_watch.py::test_no_launcher_agent_or_worker_outlives_a_driver_that_was_signalled
+test-multinode: $(ENV_STAMP)
+	timeout --kill-after=30 $$(( $(MULTINODE_SECONDS) + 60 )) $(PYTHON) -m harness.world.multinode.lane \
+		--nproc $(NPROC) --seconds $(MULTINODE_SECONDS) -- -q -rs -m dist $(MULTINODE_TESTS)
+
+# A GPU lane where no CUDA GPU is would be a green run of skips: it stops in one line (exit 3).
+NEED_GPU = @$(PYTHON) -c "import sys, torch; torch.cuda.is_available() or (print('ERROR: make $@: \
+	no CUDA GPU is visible here (torch.cuda.is_available() is False)', file=sys.stderr), sys.exit(3))"
+
 # The GPU suite: real CUDA graphs and NCCL on the single-rank GPU world (one H200 is enough),
-# with what the GPU machine has installed; every test skips with a reason where no GPU is.
+# with what the GPU machine has installed.
 test-gpu: $(ENV_STAMP)
-	$(PYTHON) -m pytest -q -m gpu tests
+	$(NEED_GPU)
+	$(PYTHON) -m pytest -q -rs -m gpu tests
 
 # Eager, eager microbatched, FULL and microbatched FULL steps of the miniature MoE at decode
 # sizes on the GPU (CUDA-event medians), graph pool memory, memory of unreachable twins;
 # the DP table under the harness's execution and, where the bundle is carried, vLLM's.
 bench-gpu: $(ENV_STAMP)
+	$(NEED_GPU)
 	site=$$($(PYTHON) tools/vllm_gpu_bundle.py install 2>/dev/null); \
 	PYTHONPATH=$$site:. $(PYTHON) -m harness.bench.gpu
 
@@ -107,6 +129,7 @@ vllm-gpu-bundle: vllm-install
 	$(PYTHON) tools/vllm_gpu_bundle.py pack --requirements $(VLLM_REQUIREMENTS)
 
 test-vllm-gpu: $(ENV_STAMP)
+	$(NEED_GPU)
 	site=$$($(PYTHON) tools/vllm_gpu_bundle.py install) || exit 1; \
 	PYTHONPATH=$$site:. $(PYTHON) -m pytest -q -rs -m gpu tests/test_vllm_exec.py
 

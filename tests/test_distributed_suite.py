@@ -31,6 +31,8 @@ BUGS = sorted((name for name, v in VARIANTS.items() if not v.is_reference),
 # seconds only bound a slow world (4 NCCL ranks on one GPU took 332 s for 101 examples of the
 # stock protocol): the search then ends with its own outcome, before pytest's timeout fires
 # inside Hypothesis and reads as a flaky failure.
+# The shrink has a wall-clock bound only (Budget.shrink_seconds: the engine has no bound in
+# steps yet), so the minimality asserts below rest on 30 s of shrinking.
 DETECTION_BUDGET = Budget(examples=400, seconds=240.0, shrink_seconds=30.0)
 DETECTION_TIMEOUT_S = 420  # the search's bound, shrinking, the last shrink pass, the replays
 

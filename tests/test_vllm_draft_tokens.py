@@ -7,7 +7,6 @@ Skipped where vLLM does not import."""
 from __future__ import annotations
 
 import itertools
-import time
 
 import pytest
 from vllm_releases import SHIPS_THE_KNOWN_BUGS, config_of, release_patch, ships_the_known_bugs
@@ -98,18 +97,17 @@ def test_vllm_syncs_the_query_len_bound_and_skip_drafts_as_the_harness_does(skip
 
 
 @known_bugs
-def test_a_rank_local_bound_in_vllms_dp_utils_is_found_by_differential_within_30_s(tmp_path):
+def test_a_rank_local_bound_in_vllms_dp_utils_is_found_by_differential_within_30_examples(
+        tmp_path):
     fixed = {"enable_dbo": False, "ubatch_size": 0, "vllm_patches": (PATCH,),
              "release": installed_release().value}
-    vllm_plans_without_world(config_of(dp_size=2, sut="vllm"), [RankBatch.uniform(1)] * 2)
-    start = time.monotonic()  # vLLM's modules are imported: what is timed is the search
+    # Seeded and bounded by world runs, not seconds: a fixed path (found at the 3rd of 35
+    # runs on 2026-12-06), however slow the machine.
     with SimWorld(2, FUZZ_TIMEOUTS) as world:
         outcome = fuzz(SUT_VARIANTS["vllm"], world.run, world="sim", dp_sizes=(2,), fixed=fixed,
-                       budget=Budget(examples=None, seconds=25.0, shrink_seconds=10.0),
+                       budget=Budget(examples=30, seconds=None, shrink_seconds=10.0),
                        database=None, scenario_dir=tmp_path, seed=0)
-    seconds = time.monotonic() - start
     assert outcome.found and outcome.checker == "differential", outcome.note
     assert "mql" in outcome.detail  # a varlen decode graph against the reference's choice
     steps = outcome.scenario.steps
     assert len(steps) == 1 and len(steps[0]) == 2  # shrunk to one step of two ranks
-    assert seconds < 30.0, seconds

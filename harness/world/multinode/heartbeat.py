@@ -4,7 +4,9 @@ torchrun's agent restarts workers whose driver went away (every rebuild is one o
 restarts), so an agent by itself would outlive a dead driver by up to its restart budget.
 The driver beats a counter in the rendezvous store once a second; `python -m
 harness.world.node` stops its agent when the counter stands still past a bound, or at once
-when a driver on the same host (its pid given) has exited.
+when a driver on the same host (its pid given) has exited. A driver that ends its world on
+purpose says so (`END_KEY`) before its node's agent takes the store down: a node that saw it
+ends with 0 however its agent went, since a rendezvous gone then is the normal end.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from datetime import timedelta
 from harness.world.processes.lifecycle import pid_alive
 
 BEAT_KEY = "dbo-harness/driver-beat"
+END_KEY = "dbo-harness/driver-ended"
 BEAT_PERIOD_S = 1.0
 SILENCE_S = 30.0  # no beat for this long after one was seen: the driver is gone
 FIRST_BEAT_S = 600.0  # a node started before its driver waits as long as torchrun's join
@@ -28,6 +31,15 @@ def _store(host: str, port: int):
 
     return dist.TCPStore(host, port, is_master=False,
                          timeout=timedelta(seconds=STORE_CONNECT_S))
+
+
+def store_answers(host: str, port: int) -> bool:
+    """Whether the rendezvous store takes a connection now (its host's agent is up)."""
+    try:
+        _store(host, port)
+    except (RuntimeError, OSError, ValueError):  # DistNetworkError is a RuntimeError
+        return False
+    return True
 
 
 class DriverBeat:
@@ -57,6 +69,29 @@ class DriverBeat:
         # A thread left in the store's C++ client as the interpreter ends aborts it.
         self._thread.join(4 * STORE_CONNECT_S)
 
+    def end(self) -> None:
+        """Stop beating and mark the world ended on purpose (best effort: a store already
+        gone has no node left to tell)."""
+        self.stop()
+        _mark_end(self._where, True)
+
+
+def clear_end_mark(host: str, port: int) -> None:
+    """A driver building a world again after it ended one: the nodes that outlived the end
+    (their store is hosted elsewhere) take it back."""
+    _mark_end((host, port), False)
+
+
+def _mark_end(where: tuple[str, int], ended: bool) -> None:
+    try:
+        store = _store(*where)
+        if ended:
+            store.set(END_KEY, b"1")
+        else:
+            store.delete_key(END_KEY)
+    except (RuntimeError, OSError, ValueError):
+        pass
+
 
 def driver_silent(now: float, since: float, beat_seen: bool, silence_s: float,
                   first_beat_s: float) -> bool:
@@ -77,10 +112,12 @@ class DriverWatch:
         self._count: int | None = None
         self._since = time.monotonic()
         self._seen = False
+        self.ended = False  # the driver's end mark, as last read
 
     def _read(self) -> int | None:
         try:
             self._store = self._store or _store(*self._where)
+            self.ended = self._store.check([END_KEY])
             return self._store.add(BEAT_KEY, 0)
         except (RuntimeError, OSError, ValueError):
             self._store = None  # its host is gone or not up yet: no beat

@@ -5,9 +5,9 @@ torchrun agent on the c10d rendezvous and watches it.
         --rdzv-endpoint HOST:PORT --nproc 2
 
 The agent ends when the driver ends the world (its workers exit cleanly), or when the
-rendezvous goes away. It is stopped when its driver is gone
-(harness/world/multinode/heartbeat.py: the driver's pid on the same host, else its beat in
-the rendezvous store) and past `--seconds`.
+rendezvous goes away; once the driver has marked its world ended, the node exits 0 either
+way. It is stopped when its driver is gone (harness/world/multinode/heartbeat.py: the
+driver's pid on the same host, else its beat in the rendezvous store) and past `--seconds`.
 On SIGTERM or SIGINT the agent's whole session is stopped, so nothing of this node outlives
 the command. The driver starts its own node's agent through this command too.
 """
@@ -24,13 +24,25 @@ import time
 
 from harness.errors import ConfigError
 from harness.world.channel.wire import CONTROL_KEY_ENV
-from harness.world.multinode.heartbeat import FIRST_BEAT_S, SILENCE_S, DriverWatch
-from harness.world.multinode.nodes import agent_command, node_spec, shared_control_key
+from harness.world.multinode.heartbeat import (
+    FIRST_BEAT_S,
+    SILENCE_S,
+    DriverWatch,
+    store_answers,
+)
+from harness.world.multinode.nodes import (
+    NodeSpec,
+    agent_command,
+    hosts_rendezvous,
+    node_spec,
+    shared_control_key,
+)
 from harness.world.processes.lifecycle import package_pythonpath, wait_or_signal
 
 DEFAULT_SECONDS = 3600.0
 STOP_GRACE_S = 10.0
 WATCH_PERIOD_S = 0.5
+ENDED_GRACE_S = 20.0  # past the driver's own wait for its agent (EXIT_GRACE_S, world.py)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -68,6 +80,13 @@ def main(argv: list[str]) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    # torchrun's agent gives up on a store it cannot reach in 60 s: a node started before
+    # the node that hosts it waits here instead, as long as torchrun's join would.
+    bound = min(FIRST_BEAT_S, args.seconds)
+    if not hosts_rendezvous(spec) and not _rendezvous_up(spec, bound):
+        print(f"node {args.node_rank}: no rendezvous store at {spec.endpoint} within "
+              f"{bound:.0f} s (the node that hosts it never started)", file=sys.stderr)
+        return 3
     trace_dir = args.trace_dir or tempfile.mkdtemp(prefix=f"dbo-node{args.node_rank}-")
     worker_args = ["--trace-dir", trace_dir, "--backend", args.backend, "--device", args.device,
                    "--collective-timeout", str(args.collective_timeout)]
@@ -77,25 +96,61 @@ def main(argv: list[str]) -> int:
                              env=env, stdin=subprocess.DEVNULL, start_new_session=True)
 
     def stop(*_) -> None:
-        wait_or_signal(agent, 0.0, signal.SIGTERM)
-        wait_or_signal(agent, STOP_GRACE_S, signal.SIGKILL)
+        _stop_agent(agent)
         _kill_session(agent.pid)
         sys.exit(143)
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     watch = DriverWatch(spec.rdzv_host, spec.rdzv_port, args.driver_pid, args.driver_silence)
+    code = _supervise(agent, watch, args, stop)
+    _kill_session(agent.pid)  # workers the agent left behind, if any
+    if node_exit(code, watch.ended) != code:
+        print(f"node {args.node_rank}: its driver ended the world (the agent exited {code} "
+              "as the rendezvous closed)", file=sys.stderr, flush=True)
+    return node_exit(code, watch.ended)
+
+
+def node_exit(agent_code: int, driver_ended: bool) -> int:
+    """The node's exit code: 0 however its agent ended once the driver has ended the world
+    (the rendezvous goes with the driver's node, which torchrun's agent calls a failure)."""
+    return 0 if driver_ended else agent_code
+
+
+def _supervise(agent: subprocess.Popen, watch: DriverWatch, args, stop) -> int:
+    """The agent's exit code. It is stopped when its driver is gone or past `--seconds`;
+    once the driver has ended the world, quietly, when either holds or past ENDED_GRACE_S."""
     deadline = time.monotonic() + args.seconds
+    ended_at = None
     while (code := agent.poll()) is None:
+        now = time.monotonic()
         why = watch.gone() or (f"the agent ran past {args.seconds:.0f} s"
-                               if time.monotonic() > deadline else None)
-        if why:
+                               if now > deadline else None)
+        ended_at = (ended_at or now) if watch.ended else None
+        if ended_at is not None:
+            if why or now - ended_at > ENDED_GRACE_S:
+                _stop_agent(agent)
+                continue
+        elif why:
             print(f"node {args.node_rank}: {why}; its agent is stopped", file=sys.stderr,
                   flush=True)
             stop()
         time.sleep(WATCH_PERIOD_S)
-    _kill_session(agent.pid)  # workers the agent left behind, if any
     return code
+
+
+def _rendezvous_up(spec: NodeSpec, bound_s: float) -> bool:
+    deadline = time.monotonic() + bound_s
+    while not store_answers(spec.rdzv_host, spec.rdzv_port):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(WATCH_PERIOD_S)
+    return True
+
+
+def _stop_agent(agent: subprocess.Popen) -> None:
+    wait_or_signal(agent, 0.0, signal.SIGTERM)
+    wait_or_signal(agent, STOP_GRACE_S, signal.SIGKILL)
 
 
 def _kill_session(sid: int) -> None:

@@ -117,6 +117,20 @@ def node_environment(key: bytes) -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=package_pythonpath(), **{CONTROL_KEY_ENV: key.hex()})
 
 
+def hosts_rendezvous(spec: NodeSpec) -> bool:
+    """Whether this node's agent hosts the rendezvous store: node 0 on loopback (as
+    agent_command tells it), else a node one of whose addresses is the endpoint's host."""
+    if spec.loopback:
+        return spec.node_rank == 0
+    family = socket.AF_INET6 if ":" in spec.rdzv_host else socket.AF_INET
+    try:
+        with socket.socket(family) as s:
+            s.bind((spec.rdzv_host, 0))
+    except OSError:  # not an address of this machine (or a name that does not resolve)
+        return False
+    return True
+
+
 def advertised_host(spec: NodeSpec) -> str:
     """The address other nodes reach this one at: loopback for a loopback rendezvous, else
     the local address of the route to the rendezvous host (no packet is sent)."""

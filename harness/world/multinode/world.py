@@ -33,7 +33,7 @@ from harness.world.channel.links import RankLinks
 from harness.world.channel.messages import Exit, WorkerHello
 from harness.world.channel.wire import ChannelClosed
 from harness.world.evidence import rank_evidence
-from harness.world.multinode.heartbeat import DriverBeat
+from harness.world.multinode.heartbeat import DriverBeat, clear_end_mark
 from harness.world.multinode.nodes import (
     DriverAddress,
     NodeSpec,
@@ -96,6 +96,7 @@ class NodeAgents:
         self._nodes: dict[int, WorkerNode] = {}
         self._agent_dir: Path | None = None
         self._beat: DriverBeat | None = None
+        self._ended = False  # this driver marked a world ended in the store
         self._proc: subprocess.Popen | None = None
 
     @property
@@ -114,6 +115,9 @@ class NodeAgents:
         one more round of the agents' restarts, at most BUILD_ATTEMPTS in all."""
         if self.others is not None:
             self.others.ensure_up(timeouts)
+        if self._ended:  # nodes that outlived that end must not stop for it now
+            clear_end_mark(self.spec.rdzv_host, self.spec.rdzv_port)
+            self._ended = False
         for attempt in range(1, BUILD_ATTEMPTS + 1):
             try:
                 self._build(links, formation, timeouts)
@@ -185,7 +189,8 @@ class NodeAgents:
         agent are stopped (and the other nodes', where this driver started them); returns
         what of this host's world is still alive (must be nothing)."""
         if self._beat is not None:  # first, while the store is up: no thread left in it
-            self._beat.stop()
+            self._beat.end()
+            self._ended = True
         pids = self._local_pids(links) + self._local_agents()
         links.send_to_all(Exit())
         if self._proc is not None:
