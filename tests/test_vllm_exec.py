@@ -22,7 +22,7 @@ from harness.errors import ConfigError
 from harness.reference_plans import judge_run
 from harness.scenario import load_scenario, scenario_from_dict
 from harness.timeouts import Timeouts
-from harness.vllm_sut.available import unavailable_reason, vllm_version
+from harness.vllm_sut.available import installed_release, unavailable_reason, vllm_version
 from harness.world.torchrun.world import TorchrunWorld
 
 if vllm_version() is None:
@@ -138,6 +138,23 @@ def test_a_thread_that_fails_in_its_device_set_up_hangs_the_starter_at_the_barri
     assert "vllm/v1/worker/gpu/ubatch_utils.py" in verdicts["liveness"]
     fixed = run(world, data, (FIX,))
     assert fixed.ok, failed(fixed)
+
+
+# What the hunts found in one release's execution code, replayed where it is installed.
+RELEASE_EXEC = sorted(p for p in SCENARIOS.glob("[0-9]*/*.json")
+                      if '"execution": "vllm"' in p.read_text())
+
+
+@pytest.mark.parametrize("path", RELEASE_EXEC, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_each_execution_finding_on_a_release_is_caught_there_and_clean_on_the_harness(
+        world, path):
+    if installed_release().value != path.parent.name:
+        pytest.skip(f"found on vLLM {path.parent.name}; {vllm_version()} is installed")
+    scenario = on_installed(load_scenario(path))
+    found = judge_run(world.run(scenario))
+    assert scenario.caught_by in failed(found), failed(found)
+    clean = judge_run(world.run(scenario.with_reference_behaviour()))
+    assert clean.ok, failed(clean)
 
 
 def test_the_regression_scenarios_name_the_checker_that_catches_them():
