@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from harness.check.checkers import check_fingerprints
+from harness.check.verdict import Outcome
 from harness.errors import ErrorOrigin
 from harness.history.records import StepRecord
 from harness.history.step_error import StepError
@@ -32,7 +33,12 @@ def test_a_dead_last_rank_is_left_out_and_named_not_read_as_issuing_nothing(rank
     records = [survivor(r) for r in range(ranks - 1)] + [StepRecord.failed(ranks - 1, 0, CRASH)]
     verdict = check_fingerprints(records)
     assert verdict.ok, verdict.detail
-    assert verdict.detail == f"ranks [{ranks - 1}] left out: their collectives are unknown"
+    left_out = f"ranks [{ranks - 1}] left out: their collectives are unknown"
+    if ranks == 2:  # one known rank compares with nothing: not applicable, never held
+        assert verdict.outcome is Outcome.NOT_APPLICABLE and verdict.detail == (
+            f"1 rank(s) with known collectives: nothing to compare ({left_out})")
+    else:
+        assert verdict.outcome is Outcome.HELD and verdict.detail == left_out
 
 
 @pytest.mark.parametrize("ranks", [3, 4])
@@ -55,5 +61,6 @@ def test_a_rank_that_reported_no_collectives_still_differs_from_one_that_issued_
 
 def test_every_rank_dead_leaves_nothing_to_compare_and_says_so():
     verdict = check_fingerprints([StepRecord.failed(r, 0, CRASH) for r in range(3)])
-    assert verdict.ok and verdict.detail == ("ranks [0, 1, 2] left out: their collectives are "
-                                             "unknown")
+    assert verdict.outcome is Outcome.NOT_APPLICABLE and verdict.detail == (
+        "0 rank(s) with known collectives: nothing to compare (ranks [0, 1, 2] left out: their "
+        "collectives are unknown)")
