@@ -5,8 +5,9 @@ with a verdict is an error cell, never 'not found'."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
-from harness.bench.versions import FAMILIES, Target, cell_of, search_command, version_table
+from harness.bench.versions import FAMILIES, ROOT, Target, cell_of, search_command, version_table
 
 GUARD = FAMILIES[0]
 
@@ -45,6 +46,15 @@ def test_a_clean_search_is_not_found_and_a_broken_one_is_an_error():
     broken = cell_of(GUARD, 3, "", "warning\nerror: vllm: vllm 9.9 has an API ...")
     assert broken.verdict == "error: error: vllm: vllm 9.9 has an API ..."
     assert cell_of(GUARD, 0, "", "").verdict.startswith("error")  # exit 0 with no verdict
+
+
+def test_a_release_before_a_familys_surface_refusing_its_search_is_not_applicable_not_an_error():
+    drafts = next(f for f in FAMILIES if f.since == "0.34")
+    refused = cell_of(drafts, 2, "", "error: decode_query_len: is 3; vLLM 0.33 rejects ...")
+    assert refused.verdict.startswith("n/a (before 0.34): error: decode_query_len")
+    assert cell_of(GUARD, 2, "", "error: capture_sizes: ...").verdict.startswith("error")
+    assert all(Path(ROOT, f.flags[f.flags.index("--config") + 1]).is_file()
+               for f in FAMILIES if "--config" in f.flags)
 
 
 def test_every_family_is_searched_on_every_target_with_its_own_flags():

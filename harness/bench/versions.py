@@ -29,11 +29,17 @@ EXEC_WORLD = ("--world", "torchrun", "--nproc", "2")
 
 @dataclass(frozen=True)
 class Family:
-    """A known bug family: the search that hunts it and the checkers that name it."""
+    """A known bug family: the search that hunts it and the checkers that name it, and the
+    first release with the surface it lives on (an older one refuses its search as bad input)."""
 
     name: str
     flags: tuple[str, ...]
     caught_by: tuple[str, ...]
+    since: str = "0.33"
+
+
+SEARCH = "scenarios/vllm/0.34/search"  # the config files of 0.34's draft searches
+GUARD_034 = ("--vllm-patch", "scenarios/vllm/patches/0.34/last-region-start.diff")
 
 
 FAMILIES = (
@@ -48,6 +54,20 @@ FAMILIES = (
                                            "vllm-exec-hang", *EXEC_WORLD), ("liveness",)),
     Family("#55586 recv_hook crash", ("--sut", "vllm", "--exec", "vllm", "--variant",
                                       "vllm-exec-crash", *EXEC_WORLD), ("errors",)),
+    # 0.34's speculative decoding under DBO (docs/vllm.md §9, scenarios/vllm/0.34/).
+    Family("guard equality on drafts", ("--sut", "vllm", "--mode", "FULL_DECODE_ONLY",
+                                        "--max-num-reqs", "64", "--config",
+                                        f"{SEARCH}/drafts-q3.json"),
+           ("no_empty_region", "differential"), since="0.34"),
+    Family("twins of narrower draft lengths", ("--sut", "vllm", "--mode", "FULL_DECODE_ONLY",
+                                               "--max-num-reqs", "64", "--config",
+                                               f"{SEARCH}/drafts-q4.json", *GUARD_034),
+           ("graphs_reachable",), since="0.34"),
+    Family("requests cut by untrimmed drafts", ("--sut", "vllm", "--exec", "vllm", "--mode",
+                                                "FULL_AND_PIECEWISE", "--config",
+                                                f"{SEARCH}/verify-q4.json", *GUARD_034,
+                                                *EXEC_WORLD),
+           ("tokens_in_their_requests", "matches_reference"), since="0.34"),
 )
 
 
@@ -100,6 +120,10 @@ def cell_of(family: Family, returncode: int, stdout: str, stderr: str) -> Cell:
     """One search's result read from its JSON line; a search that ended otherwise is an
     error cell naming its last line, never 'not found'."""
     lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    if returncode == 2 and family.since != FAMILIES[0].since:
+        # A release before `since` refuses the search's config: the surface is not there.
+        last = (stderr.strip().splitlines() or ["bad input"])[-1]
+        return Cell("?", family.name, f"n/a (before {family.since}): {last}", None, None, "")
     if returncode not in (0, 1) or not lines:
         last = (stderr.strip().splitlines() or [f"exit {returncode}"])[-1]
         return Cell("?", family.name, f"error: {last}", None, None, "")
