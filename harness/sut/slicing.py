@@ -2,9 +2,9 @@
 
 Token regions are fixed by the padded size (and, from 0.34, the uniform query length the split
 is made by): k - 1 regions of `split_size` tokens and a last one that absorbs the remainder
-and all padding. Request slices follow from where the
-real requests fall, which is why a replay only reproduces the captured request split when
-the real tokens reach far enough (invariant 15).
+and all padding. Request slices follow from where the real requests fall, which is why a
+replay only reproduces the captured request split when the real tokens reach far enough
+(invariant 15).
 """
 
 from __future__ import annotations
