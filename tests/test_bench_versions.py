@@ -75,3 +75,9 @@ def test_every_family_is_searched_on_every_target_with_its_own_flags():
         assert timeout_s > 60.0
     assert ran[-1][0][ran[-1][0].index("--vllm-src") + 1] == "/src/vllm"
     assert search_command(Target("py"), GUARD, 10.0, 1)[0] == "py"
+
+
+def test_an_unknown_family_is_refused_in_one_line_naming_the_flag(capsys):
+    assert main(["--family", "no such bug"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --family: no family 'no such bug'")

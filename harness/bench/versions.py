@@ -151,10 +151,11 @@ def run_bounded(command: list[str], timeout_s: float) -> tuple[int, str, str]:
 
 
 def version_table(targets: Sequence[Target], seconds: float, seed: int,
-                  run: Runner = run_bounded) -> list[Cell]:
+                  run: Runner = run_bounded,
+                  families: Sequence[Family] = FAMILIES) -> list[Cell]:
     cells = []
     for target in targets:
-        for family in FAMILIES:
+        for family in families:
             # Budget, shrinking and a vLLM import and world start of up to two minutes.
             code, out, err = run(search_command(target, family, seconds, seed),
                                  2 * seconds + 180)
@@ -178,13 +179,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="a checkout to search over this interpreter's vLLM (repeatable)")
     parser.add_argument("--seconds", type=float, default=60.0, help="budget of each search")
     parser.add_argument("--seed", type=int, default=0, help="the searches' Hypothesis seed")
+    parser.add_argument("--family", action="append", default=[], metavar="NAME",
+                        help="only this family (repeatable; default every one)")
     args = parser.parse_args(argv)
+    names = {f.name: f for f in FAMILIES}
+    unknown = [n for n in args.family if n not in names]
+    if unknown:
+        print(f"error: --family: no family {unknown[0]!r} (known: {', '.join(names)})",
+              file=sys.stderr)
+        return 2
+    families = [names[n] for n in args.family] or list(FAMILIES)
     targets = [Target(p) for p in args.python or ([] if args.vllm_src else [sys.executable])]
     targets += [Target(sys.executable, src) for src in args.vllm_src]
     start = time.monotonic()
-    cells = version_table(targets, args.seconds, args.seed)
+    cells = version_table(targets, args.seconds, args.seed, families=families)
     print_table(cells)
-    print(f"\n{len(targets)} vLLM(s), {len(FAMILIES)} families, {args.seconds:.0f} s budget each, "
+    print(f"\n{len(targets)} vLLM(s), {len(families)} families, {args.seconds:.0f} s budget each, "
           f"seed {args.seed}: {time.monotonic() - start:.0f} s")
     return 3 if any(c.verdict.startswith("error") for c in cells) else 0
 
