@@ -7,7 +7,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness.bench.versions import FAMILIES, ROOT, Target, cell_of, search_command, version_table
+from harness.bench.versions import (
+    FAMILIES,
+    ROOT,
+    Target,
+    cell_of,
+    main,
+    search_command,
+    version_table,
+)
 
 GUARD = FAMILIES[0]
 
