@@ -22,6 +22,7 @@ from harness.errors import ConfigError
 from harness.reference_plans import judge_run
 from harness.scenario import load_scenario, scenario_from_dict
 from harness.timeouts import Timeouts
+from harness.vllm_code.source import VllmPatch, content_hash
 from harness.vllm_sut.available import installed_release, unavailable_reason, vllm_version
 from harness.world.torchrun.world import TorchrunWorld
 
@@ -127,6 +128,38 @@ def test_the_unwinding_fix_reads_clean_where_vllm_0_33_fails(world, name):
     data = json.loads((EXEC / f"{name}.json").read_text())
     result = run(world, data, (FIX,))
     assert result.ok, failed(result)
+
+
+# The fix rewritten to release the parked siblings three other ways, line for line (issue 44
+# item 7): its own abort class, a RuntimeError chained from the failure, or a plain one.
+ABORT_CLASS = ("+class UBatchAborted(RuntimeError):", "+class UBatchAborted(Exception):")
+UNCHAINED = ("+            ) from state.error", "+            )")
+AS_RUNTIME_ERROR = ("+            raise UBatchAborted(", "+            raise RuntimeError(")
+RELEASES = {"own-class": (ABORT_CLASS, UNCHAINED),
+            "chained-runtime-error": (AS_RUNTIME_ERROR,),
+            "plain-runtime-error": (AS_RUNTIME_ERROR, UNCHAINED)}
+
+
+def fix_releasing(way: str) -> VllmPatch:
+    lines = FIX.diff.splitlines(keepends=True)
+    for old, new in RELEASES[way]:
+        hits = [i for i, line in enumerate(lines) if line.rstrip("\n") == old]
+        assert len(hits) == 1, f"{old!r} is not one line of {FIX.name}"
+        lines[hits[0]] = new + "\n"
+    text = "".join(lines)
+    return VllmPatch(f"pr55586-unwind-{way}.diff", content_hash(text), text)
+
+
+@known_bugs
+@pytest.mark.parametrize("way", sorted(RELEASES))
+def test_a_fix_releasing_the_siblings_with_an_error_of_its_own_reads_clean(world, way):
+    data = json.loads((EXEC / "sibling-failure-hang.json").read_text())
+    result = run(world, data, (fix_releasing(way),))
+    assert result.ok, failed(result)
+    # Rank 0's released sibling recorded its own error, and it was judged a consequence.
+    faulted = result.steps[0].records[0]
+    released = [ue.error for ue in faulted.vllm_exec.ubatch_errors if ue.ubatch == 1]
+    assert len(released) == 1 and "a sibling microbatch failed" in released[0].message
 
 
 @known_bugs

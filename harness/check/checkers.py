@@ -26,7 +26,7 @@ TOLERANCE = 1e-9
 # runner's report of which microbatch it broke.
 NAMED_FAULT_ERRORS = ("InjectedFault", "RankKilled", "RankCrashed", "MicrobatchFailed")
 # How vLLM's UBatchRunner names the microbatch that broke a run ("Microbatch 0 of 2 failed").
-VLLM_RUNNER_REPORT = re.compile(r"Microbatch \d+ of \d+ failed")
+VLLM_RUNNER_REPORT = re.compile(r"Microbatch (\d+) of \d+ failed")
 NO_PLAN = "no rank decided the step: each failed before its DP sync returned"
 
 
@@ -52,7 +52,8 @@ def check_liveness(records: Sequence[StepRecord | None], deadline_s: float,
 def check_errors(records: Sequence[StepRecord | None]) -> Judgement:
     """No rank failed, except where a fault was injected: there the faulty microbatch must be
     named (a MicrobatchFailed caused by the injected fault), and the peers may only time out
-    in the collective it never joined (or lose their process to torchrun)."""
+    in the collective it never joined (or lose their process to torchrun), or report under
+    vLLM's runner a microbatch that failed only as a consequence."""
     present = [r for r in records if r is not None]
     if not present:
         return not_applicable("no rank reported: liveness judges the silent ranks")
@@ -72,7 +73,7 @@ def check_errors(records: Sequence[StepRecord | None]) -> Judgement:
             if not _names_the_fault(err):
                 return failed(f"rank {rec.rank}: the injected fault surfaced as "
                              f"{err.describe()}")
-        elif err.origin not in (ErrorOrigin.TIMEOUT, ErrorOrigin.LOST):
+        elif not _waited_on_another(rec) and not _reports_a_consequence(rec):
             return failed(f"rank {rec.rank} (a peer of the faulty rank): {err.describe()}")
     return held(_what_was_contained(records))
 
@@ -93,6 +94,18 @@ def _what_was_contained(records: Sequence[StepRecord | None]) -> str:
 def _waited_on_another(rec: StepRecord) -> bool:
     """Its error is a consequence: a peer's collective timed out, or torchrun ended it."""
     return rec.error is not None and rec.error.origin in (ErrorOrigin.TIMEOUT, ErrorOrigin.LOST)
+
+
+def _reports_a_consequence(rec: StepRecord) -> bool:
+    """vLLM's runner named a microbatch whose own error its thread recorded: on a peer no
+    thread failed of its own accord (microbatch_crash judged them all first), so the one named,
+    a sibling released after the peer's timeout included, failed only as a consequence."""
+    report = (VLLM_RUNNER_REPORT.match(rec.error.message)
+              if rec.error is not None and rec.error.kind == "RuntimeError" else None)
+    if report is None or rec.vllm_exec is None:
+        return False
+    named = int(report.group(1))
+    return any(ue.ubatch == named for ue in rec.vllm_exec.ubatch_errors)
 
 
 def _names_the_fault(err: StepError) -> bool:

@@ -8,25 +8,55 @@ from collections.abc import Sequence
 
 from harness.check.verdict import Judgement, failed, held, not_applicable
 from harness.errors import ErrorOrigin
-from harness.history.records import StepRecord
+from harness.history.records import StepRecord, UbatchError
+from harness.history.step_error import StepError
 
 # A microbatch that fails with one of these waited on, or was released by, another's failure.
 CONSEQUENCES = (ErrorOrigin.INJECTED, ErrorOrigin.KILLED, ErrorOrigin.TIMEOUT,
                 ErrorOrigin.LOST, ErrorOrigin.HANG, ErrorOrigin.ABORTED)
+# Python's signs of a mistake in the program itself, and a race the CUDA sanitizer caught
+# (docs/spec.md §10.1): a microbatch that dies of one crashed, whatever failed before it or is
+# chained as its cause. Matched on the type's own name, which is what a recorded error keeps.
+PROGRAMMING_ERRORS = frozenset({
+    "AttributeError", "TypeError", "KeyError", "IndexError", "LookupError", "AssertionError",
+    "NameError", "UnboundLocalError", "ZeroDivisionError", "ArithmeticError", "OverflowError",
+    "RecursionError", "NotImplementedError", "ImportError", "ModuleNotFoundError",
+    "SyntaxError", "SystemError", "FrozenInstanceError", "CUDASanitizerErrors"})
 HARNESS_RAN = "the harness's own execution ran the step"
 
 
 def microbatch_crash(records: Sequence[StepRecord | None]) -> str | None:
-    """The first microbatch thread that failed of its own accord (not an injected fault, nor
-    traced to one or to a peer through its causes), named with where it raised; None if none."""
+    """The first microbatch thread that failed of its own accord, named with where it raised;
+    None if none. A thread's error is a consequence, not a crash, when it is no programming
+    error and either carries a harness origin (an injected fault, a timeout, or traced to one
+    through its causes) or was raised after the rank's first failure: a sibling a fix
+    released, whatever exception the fix chose, chained or not."""
     for rec in records:
         if rec is None or rec.vllm_exec is None:
             continue
-        for ue in rec.vllm_exec.ubatch_errors:
-            if ue.error.origin not in CONSEQUENCES:
+        errors = rec.vllm_exec.ubatch_errors
+        preceded = _failed_outside_the_trace(rec.error, errors)
+        for ue in errors:
+            if _crashed(ue.error, after_a_failure=preceded):
                 return (f"rank {rec.rank} microbatch {ue.ubatch} crashed: {ue.error.describe()} "
                         f"at {ue.where}")
+            preceded = True  # threads record their errors in the order they leave the forward
     return None
+
+
+def _crashed(error: StepError, *, after_a_failure: bool) -> bool:
+    if error.kind in PROGRAMMING_ERRORS:
+        return True
+    return error.origin not in CONSEQUENCES and not after_a_failure
+
+
+def _failed_outside_the_trace(step_error: StepError | None,
+                              errors: Sequence[UbatchError]) -> bool:
+    """The rank's step failed of a harness origin that no thread's recorded error carries: its
+    fault fired outside every forward (a thread's set-up, a hook a context ran on its way out),
+    so every error its threads recorded came after it."""
+    return (step_error is not None and step_error.origin in CONSEQUENCES
+            and not any(ue.error.origin in CONSEQUENCES for ue in errors))
 
 
 def check_ubatching_state(records: Sequence[StepRecord]) -> Judgement:
