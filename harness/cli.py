@@ -1,5 +1,6 @@
 """`python -m harness`: the command line. Bad input is one line on stderr and exit code 2;
-what the harness itself cannot do (an unknown vLLM API) one line and exit code 3."""
+what the harness itself cannot do (an unknown vLLM API, a world that would not start, a rank
+runtime it could not build, a checker that raised) one line and exit code 3."""
 
 from __future__ import annotations
 

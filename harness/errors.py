@@ -14,12 +14,39 @@ class ConfigError(ValueError):
 
 class HarnessCannot(RuntimeError):
     """The harness itself cannot do what was asked (an installed vLLM whose API it does not
-    know, a lane this machine cannot run): one line naming what, and its own exit code."""
+    know, a world that would not start, a runtime it could not build, a checker that raised):
+    one line naming what, and its own exit code. Never a finding of the system under test.
+    A message's lines after its first, and `detail` (a traceback, a log), are kept apart."""
 
-    def __init__(self, what: str, message: str) -> None:
-        super().__init__(f"{what}: {message}")
+    def __init__(self, what: str, message: str, detail: str = "") -> None:
+        first, _, rest = message.strip().partition("\n")
+        super().__init__(f"{what}: {first}")
         self.what = what
-        self.message = message
+        self.message = first
+        self.detail = "\n".join(part for part in (rest.strip(), detail.strip()) if part)
+
+
+def one_line(exc: BaseException) -> str:
+    """`exc` as "Kind: the first line of its message" (a HarnessCannot as its own line)."""
+    if isinstance(exc, HarnessCannot):
+        return str(exc)
+    text = str(exc).strip().partition("\n")[0]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def cannot_of(exc: BaseException, what: str, doing: str, detail: str = "") -> HarnessCannot:
+    """`exc`, raised by the harness's own code while `doing`, as the HarnessCannot to report
+    (one that already is one keeps its line); `detail` (a traceback) is added to its own."""
+    if isinstance(exc, HarnessCannot):
+        return (HarnessCannot(exc.what, exc.message, f"{exc.detail}\n{detail}") if detail
+                else exc)
+    return HarnessCannot(what, f"{doing}: {one_line(exc)}", detail)
+
+
+def last_line(traceback_text: str) -> str:
+    """The exception line a formatted traceback ends with ("" for none)."""
+    lines = [line for line in traceback_text.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""
 
 
 class ErrorOrigin(enum.Enum):

@@ -49,14 +49,16 @@ def examples() -> list[m.Message]:
     return [
         m.RunScenario(scenario, timeouts), m.StartSteps(True), m.NextStep(False),
         m.RunBatch((scenario, scenario), timeouts), m.Regroup(3, 2.5), m.Exit(),
-        m.WorkerHello(1, 4321, NODE), m.WorkerReady(1), m.WorkerCrash(1, "Traceback ..."),
+        m.WorkerHello(1, 4321, NODE), m.WorkerReady(1),
+        m.WorkerCannot(1, "world", "rank 1 raised", "Traceback ..."),
         m.AgentLost(1, 77), m.StartupReport(startup), m.StepReport(0, step),
         m.ScenarioDone(), m.BatchRan((step, step)), m.Regrouped(1), m.RegroupFailed(1, "tb"),
         m.ForkRunner(2, timeouts, "/tmp/sim"), m.LoadSystem({"sut": "vllm"}),
         m.ReapRunner(99, 2.0), m.ZygoteReady(12), m.RunnerForked(13), m.SystemLoaded(None),
         m.SystemLoaded("Traceback ..."), m.RunnerReaped(13, -6), m.RunnerReaped(14, None),
         m.SimRun(scenario), m.RunnerHello(13), m.SimStartup((startup, None)),
-        m.SimStep(1, (step, None)), m.SimDone(True), m.SimRaised("Traceback ..."),
+        m.SimStep(1, (step, None)), m.SimDone(True),
+        m.RunnerCannot("world", "rank 0 could not build its runtime", "Traceback ..."),
     ]
 
 

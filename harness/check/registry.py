@@ -1,10 +1,11 @@
 """The checker registry: every checker once, with its name (harness/invariants.py), its
 phase (start-up, step, scenario) and its function. The judge runs a phase's checkers in this
 order; a checker whose input the run did not produce gives a verdict of "not applicable",
-never "held"."""
+never "held"; a checker that raises gives no verdict but HarnessCannot naming it (exit 3)."""
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -22,6 +23,7 @@ from harness.check import (
 from harness.check.reference import ReferenceRows
 from harness.check.verdict import Judgement, Verdict, not_applicable
 from harness.config import HarnessConfig
+from harness.errors import HarnessCannot, one_line
 from harness.history.records import StartupRecord, StepRecord
 from harness.invariants import CheckerName as N
 
@@ -65,8 +67,12 @@ class Checker:
     def run(self, inputs: StartupInputs | StepInputs | ScenarioInputs) -> Verdict:
         missing = ([] if self.judges_missing_ranks else
                    [r for r, rec in enumerate(inputs.records) if rec is None])
-        judged = (not_applicable(f"ranks {missing} left no record") if missing
-                  else self.judge(inputs))
+        try:
+            judged = (not_applicable(f"ranks {missing} left no record") if missing
+                      else self.judge(inputs))
+        except Exception as exc:  # a bug of the checker's, not a finding: exit 3, one line
+            raise HarnessCannot(f"checker {self.name}", f"raised {one_line(exc)}",
+                                traceback.format_exc()) from exc
         return Verdict(str(self.name), judged.outcome, judged.detail)
 
 

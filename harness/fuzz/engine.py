@@ -27,6 +27,7 @@ from hypothesis.errors import Flaky, Unsatisfiable
 
 from harness.check.coverage import CoverageTally
 from harness.check.judge import ScenarioResult
+from harness.errors import HarnessCannot
 from harness.fuzz import profiles  # noqa: F401 - registers the profiles by name
 from harness.fuzz.database import (
     KeyedDatabase,
@@ -84,6 +85,14 @@ class _Intermittent(BaseException):  # noqa: N818 - a control-flow signal, not a
     def __init__(self, scenario: Scenario, verdict: ExampleVerdict) -> None:
         super().__init__(f"{verdict.checker}: {verdict.detail}")
         self.scenario, self.verdict = scenario, verdict
+
+
+class _Cannot(BaseException):  # noqa: N818 - a control-flow signal, not an error
+    """HarnessCannot running or judging an example: no failure to shrink; `fuzz` raises it."""
+
+    def __init__(self, cannot: HarnessCannot) -> None:
+        super().__init__(str(cannot))
+        self.cannot = cannot
 
 
 class _CheckerFailed(Exception):  # noqa: N818 - named for what Hypothesis reports
@@ -201,7 +210,10 @@ class _Search:
     def _judge(self, scenario: Scenario) -> ExampleVerdict:
         """One world run, logged, reduced to the checker that matters."""
         began = time.monotonic()
-        result = judge_run(self.run(scenario))
+        try:
+            result = judge_run(self.run(scenario))
+        except HarnessCannot as exc:
+            self._stop(_Cannot(exc))
         self.examples += 1
         self.tally.add_verdicts(result.verdicts())
         if self.log_path is not None:
@@ -283,7 +295,7 @@ def fuzz(variant: Variant, run: Callable[[Scenario], ScenarioHistory], *, world:
     return it (an intermittent failure as found), or report that none was found within the
     budget. `world_flags` complete the replay command (e.g. `--backend nccl`). `database` is
     a directory, a redis:// URL or an open database; failures saved there by any process are
-    replayed first."""
+    replayed first. HarnessCannot (an example not run or judged) ends the search, raised."""
     fixed = dict(fixed or {})
     key = database_key(variant, fixed, dp_sizes)
     opened = open_database(database) if isinstance(database, str) else database
@@ -372,6 +384,8 @@ def _run_until_settled(probe: Callable[[], None], search: _Search
             continue
         except _BudgetSpent:
             return None, "budget spent"
+        except _Cannot as stop:
+            raise stop.cannot from None
         except (_CheckerFailed, _Intermittent) as exc:
             return exc, ""
         except Flaky as exc:

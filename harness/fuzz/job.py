@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from harness.errors import ConfigError
+from harness.errors import ConfigError, HarnessCannot
 from harness.fuzz.command import cmd_fuzz
 
 
@@ -27,6 +27,9 @@ def main(argv: list[str]) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except HarnessCannot as exc:  # the parent's campaign exits 3 with this line
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

@@ -186,10 +186,13 @@ def job_failure(result: JobResult, variants: int) -> str | None:
 
 
 def campaign_exit(results: list[JobResult], variants: list[str]) -> int:
-    """2 when a job refused its input, 1 when one failed or something was found (with one
-    variant) or a job missed its goal (with several), else 0."""
+    """2 when a job refused its input, 3 when the harness could not do a job's part, 1 when
+    one failed or something was found (with one variant) or a job missed its goal (with
+    several), else 0."""
     if any(r.code == 2 for r in results):
         return 2
+    if any(r.code == 3 for r in results):
+        return 3
     if any(job_failure(r, len(variants)) for r in results):
         return 1
     outcomes = [o for r in results for o in r.outcomes]

@@ -22,7 +22,7 @@ from harness.history.codec import decode, encode
 from harness.history.records import StartupRecord, StepRecord
 from harness.timeouts import Timeouts
 
-PROTOCOL_VERSION = 2  # 2: float rows packed (harness/history/packed_rows.py)
+PROTOCOL_VERSION = 3  # 2: float rows packed; 3: WorkerCannot, RunnerCannot (the harness failed)
 
 
 class ProtocolError(ConfigError):
@@ -110,8 +110,13 @@ class WorkerReady(Message):
 
 
 @dataclass(frozen=True)
-class WorkerCrash(Message):
+class WorkerCannot(Message):
+    """The worker's own code raised (reading the scenario, building its runtime, joining the
+    group): the harness could not run it, no finding. The driver raises HarnessCannot."""
+
     rank: int
+    what: str  # HarnessCannot's fields: what could not be done, in one line
+    message: str
     traceback: str
 
 
@@ -235,15 +240,20 @@ class SimDone(Message):
 
 
 @dataclass(frozen=True)
-class SimRaised(Message):
+class RunnerCannot(Message):
+    """The harness's own code raised in the runner (reading the scenario, building a rank's
+    runtime): no finding of the system under test. The driver raises HarnessCannot."""
+
+    what: str  # HarnessCannot's fields: what could not be done, in one line
+    message: str
     traceback: str
 
 
 TORCHRUN = (RunScenario, StartSteps, NextStep, RunBatch, Regroup, Exit, WorkerHello,
-            WorkerReady, WorkerCrash, AgentLost, StartupReport, StepReport, ScenarioDone,
+            WorkerReady, WorkerCannot, AgentLost, StartupReport, StepReport, ScenarioDone,
             BatchRan, Regrouped, RegroupFailed)
 SANDBOX = (ForkRunner, LoadSystem, ReapRunner, Exit, ZygoteReady, RunnerForked, SystemLoaded,
-           RunnerReaped, SimRun, RunnerHello, SimStartup, SimStep, SimDone, SimRaised)
+           RunnerReaped, SimRun, RunnerHello, SimStartup, SimStep, SimDone, RunnerCannot)
 KINDS: dict[str, type[Message]] = {cls.__name__: cls for cls in (*TORCHRUN, *SANDBOX)}
 HELLOS = (WorkerHello, ZygoteReady, RunnerHello)
 

@@ -172,7 +172,7 @@ class NodeAgents:
             log = TraceLayout(self._agent_dir).torchrun_log if self._agent_dir else None
             tail = log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
             raise WorldError(f"torchrun exited with {self._proc.returncode} before every "
-                             f"worker connected:\n{tail}")
+                             "worker connected", tail)
 
     def _hello(self, hello: WorkerHello) -> None:
         self._nodes[hello.rank] = hello.node

@@ -11,6 +11,8 @@ runner that dies (a gloo abort, a segfault) costs a fork, not an interpreter sta
 
 Neither outlives the driver: the zygote exits when its channel closes and kills its
 runners; a runner dies with the zygote (PR_SET_PDEATHSIG) and exits when its channel closes.
+A runner whose own harness code raised (no rank's failure: those are records) says so in one
+typed line (RunnerCannot) and ends, so that it is never read as a crash of the ranks.
 """
 
 from __future__ import annotations
@@ -25,22 +27,25 @@ import socket
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 
 from harness.config import HarnessConfig
+from harness.errors import cannot_of
 from harness.scenario import scenario_from_dict
 from harness.sut import systems
 from harness.timeouts import Timeouts
 from harness.world.channel.messages import (
     ForkRunner,
     LoadSystem,
+    Message,
     ReapRunner,
+    RunnerCannot,
     RunnerForked,
     RunnerHello,
     RunnerReaped,
     SimDone,
-    SimRaised,
     SimRun,
     SystemLoaded,
     ZygoteReady,
@@ -75,19 +80,36 @@ def run_runner(fd: int, nproc: int, timeouts: Timeouts, trace_dir: Path) -> None
             return
         if not isinstance(message, SimRun):
             return
-        scenario = scenario_from_dict(message.scenario)
-        for rank in range(nproc):  # each trace holds this scenario's collectives only
-            layout.collectives(rank).write_text("")
         try:
-            world.run(scenario, channel.send)
+            run_one(world, layout, message, channel.send)
         except ChannelClosed:
             return
-        except Exception:  # the driver raises it with this traceback
-            channel.send(SimRaised(traceback.format_exc()))
-            continue
+        except Exception as exc:  # ours, not a rank's: said in one line, and this runner ends
+            channel.send(runner_cannot(exc, traceback.format_exc()))
+            return
         channel.send(SimDone(world.retired))
         if world.retired:
             os._exit(0)  # the driver forks a fresh runner for the next scenario
+
+
+def run_one(world: SimWorld, layout: TraceLayout, message: SimRun,
+            send: Callable[[Message], None]) -> None:
+    """One scenario on the runner's world, its records sent as they come. Whatever raises
+    here is the harness's own failure: a rank's failure is a record, never a raise."""
+    try:
+        scenario = scenario_from_dict(message.scenario)
+    except Exception as exc:
+        raise cannot_of(exc, "world", "the sim world's runner could not read the scenario "
+                        "it was sent") from exc
+    for rank in range(world.nproc):  # each trace holds this scenario's collectives only
+        layout.collectives(rank).write_text("")
+    world.run(scenario, send)
+
+
+def runner_cannot(exc: BaseException, traceback_text: str) -> RunnerCannot:
+    """What the runner tells the driver when the harness's own code raised in it."""
+    cannot = cannot_of(exc, "world", "the sim world raised in its process", traceback_text)
+    return RunnerCannot(cannot.what, cannot.message, cannot.detail)
 
 
 def _recv_fd(sock: socket.socket) -> int:

@@ -6,7 +6,9 @@ The runner process is persistent, like the in-process world it hosts: it keeps i
 and captured graphs across scenarios and is forked again (from a zygote that imported torch
 once, harness/world/sandbox/child.py) only after it died. Records come back as each step
 ends, so a death mid-scenario keeps the steps before it. Every wait here is bounded; a runner
-stuck past every bound of its own world is dumped (faulthandler) and killed.
+stuck past every bound of its own world is dumped (faulthandler) and killed. What the harness's
+own code raised in the runner (a scenario it could not read, a runtime it could not build)
+comes back typed (RunnerCannot) and is raised here as HarnessCannot: no finding, exit 3.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from harness.config import DecisionSystem, HarnessConfig
-from harness.errors import ConfigError
+from harness.errors import ConfigError, HarnessCannot, last_line
 from harness.history.scenario_history import ScenarioHistory
 from harness.scenario import Scenario
 from harness.timeouts import DEFAULT_TIMEOUTS, Timeouts
@@ -34,11 +36,11 @@ from harness.world.channel.messages import (
     M,
     ProtocolError,
     ReapRunner,
+    RunnerCannot,
     RunnerForked,
     RunnerHello,
     RunnerReaped,
     SimDone,
-    SimRaised,
     SimRun,
     SimStartup,
     SimStep,
@@ -61,8 +63,12 @@ MARGIN_S = 10.0  # past the runner's own bounds before it counts as stuck
 STACKS_WAIT_S = 1.0
 
 
-class SandboxError(RuntimeError):
-    """The sandbox could not be started, or the sim world in it raised (with its traceback)."""
+class SandboxError(HarnessCannot):
+    """The sandbox could not be started or answered out of turn: a world that would not start,
+    in one line (what the zygote logged, or its traceback, is the detail)."""
+
+    def __init__(self, message: str, detail: str = "") -> None:
+        super().__init__("world", message, detail)
 
 
 class Zygote:
@@ -120,7 +126,7 @@ class Zygote:
         failure = self._expect(SystemLoaded, ZYGOTE_START_S).failure
         if failure is not None:
             raise SandboxError(f"the sim world's zygote could not load {config.system.sut.value}'s "
-                               f"decision code:\n{failure}")
+                               f"decision code: {last_line(failure)}", failure)
         self.loaded.add(config.system.sut)
         return True
 
@@ -137,7 +143,7 @@ class Zygote:
                        else self.channel.recv(timeout_s=timeout_s))
         except (TimeoutError, ChannelClosed) as exc:
             raise SandboxError(f"the sim world's zygote did not answer {kind.__name__}: "
-                               f"{exc}\n{self._log_tail()}") from exc
+                               f"{exc}", self._log_tail()) from exc
         if not isinstance(message, kind):
             raise SandboxError(f"the sim world's zygote answered {type(message).__name__}, "
                                f"not {kind.__name__}")
@@ -259,8 +265,9 @@ class SandboxedSimWorld:
                     if retired:  # the runner retires after a failure: reap it, fork anew
                         self._end_runner()
                     return ScenarioHistory(scenario, t, tuple(startup), tuple(steps))
-                case SimRaised(traceback):
-                    raise SandboxError(f"the sim world raised in its process:\n{traceback}")
+                case RunnerCannot(what, line, traceback):
+                    self._end_runner()  # it ends itself: a fresh one for the next scenario
+                    raise HarnessCannot(what, line, traceback)
 
     def _load_system(self, config: HarnessConfig) -> None:
         # vLLM's imports take longer than a rank's deadline: loaded once in the zygote, so a
@@ -294,8 +301,8 @@ class SandboxedSimWorld:
         if hello != RunnerHello(pid):
             code = self._end_runner()
             raise SandboxError(f"the sim world's runner did not start ({hello!r}; it "
-                               f"ended with {describe_exit(code)}):\n"
-                               f"{_read_from(self._layout.runner_stderr, 0)[-2000:]}")
+                               f"ended with {describe_exit(code)})",
+                               _read_from(self._layout.runner_stderr, 0)[-2000:])
 
     def _died(self, scenario, startup, steps, mark: int) -> ScenarioHistory:
         returncode = self._end_runner()

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness.config import Execution, HarnessConfig
-from harness.errors import ConfigError
+from harness.errors import ConfigError, cannot_of
 from harness.faults import FaultKind
 from harness.history.records import StartupRecord, StepRecord
 from harness.history.scenario_history import ScenarioHistory, step_failed, steps_may_run
@@ -31,7 +31,7 @@ from harness.sut.step_loop import run_steps
 from harness.timeouts import DEFAULT_TIMEOUTS, Timeouts
 from harness.world.channel.messages import Message, SimStartup, SimStep
 from harness.world.processes.collector import collector_paused
-from harness.world.sim.threads import ThreadWorld
+from harness.world.sim.threads import RankFailure, ThreadWorld
 from harness.world.trace_layout import TraceLayout
 from harness.world.vllm_slots import register_vllm_code
 
@@ -146,9 +146,14 @@ class SimWorld:
             self._runtimes.move_to_end(config)
             return self._runtimes[config]
         timeouts = self.timeouts
-        runtimes = world.run(lambda rank, group: RankRuntime(
-            config, rank, group, collective_timeout_s=timeouts.collective_s,
-            hang_timeout_s=timeouts.hang_s, trace_path=self._trace_path(rank)))
+        try:
+            runtimes = world.run(lambda rank, group: RankRuntime(
+                config, rank, group, collective_timeout_s=timeouts.collective_s,
+                hang_timeout_s=timeouts.hang_s, trace_path=self._trace_path(rank)))
+        except RankFailure as exc:  # before the system under test ran: the harness's failure
+            self._discard()
+            rank, error = next(iter(exc.errors.items()))
+            raise cannot_of(error, "world", f"rank {rank} could not build its runtime") from exc
         startup, _ = world.run_bounded(lambda rank, _g: runtimes[rank].startup(),
                                        timeouts.startup_deadline_s)
         self._runtimes[config] = (runtimes, startup)

@@ -1,14 +1,15 @@
 """The one-scenario protocol's collection: every rank's start-up record, then its steps, each
 step's go-ahead sent once every rank reported it. Every wait is bounded: a rank silent past
 its deadline is a hang (every rank's stacks and last collective become the evidence), and a
-rank whose channel closed is named by how it went (killed, crashed, its agent lost)."""
+rank whose channel closed is named by how it went (killed, crashed, its agent lost). A rank
+whose own harness code raised (WorkerCannot) is no finding: HarnessCannot is raised."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
-from harness.errors import ErrorOrigin
+from harness.errors import ErrorOrigin, HarnessCannot
 from harness.faults import FaultKind
 from harness.history.records import StartupRecord, StepRecord
 from harness.history.scenario_history import step_failed, steps_may_run
@@ -24,7 +25,7 @@ from harness.world.channel.messages import (
     StartSteps,
     StartupReport,
     StepReport,
-    WorkerCrash,
+    WorkerCannot,
 )
 from harness.world.evidence import fatal_error, last_collective, native_abort_message
 from harness.world.torchrun.rig import Rig
@@ -42,7 +43,6 @@ class _Collection:
         self.steps: list[list[StepRecord | None]] = []
         self.done: set[int] = set()
         self.lost: dict[int, StepError] = {}
-        self.crashes: dict[int, str] = {}  # rank -> the traceback a crashing worker sent
         start = time.monotonic() + timeouts.startup_deadline_s
         self.deadline = dict.fromkeys(range(nproc), start)
 
@@ -73,11 +73,10 @@ class _Collection:
                 self.lost[rank] = self.rig.agent_lost(rank, agent_pid)
                 self.links.send_to_all(NextStep(False))
                 return True
-            case WorkerCrash(_, traceback):
-                self.lost[rank] = StepError("RankLost", "crashed", None, ErrorOrigin.LOST)
-                self.crashes[rank] = traceback
-                self.links.send_to_all(NextStep(False))
-                return True
+            case WorkerCannot(_, what, line, traceback):
+                # The harness's own code raised in the rank: no record, no finding;
+                # TorchrunWorld.run ends the world and raises it on.
+                raise HarnessCannot(what, line, traceback)
         return False
 
 
@@ -107,9 +106,7 @@ def collect_scenario(scenario: Scenario, links: RankLinks, rig: Rig, nproc: int,
         return c.startup, c.steps, ""
     if startup_complete := all(r is not None for r in c.startup):
         _record_lost(c.lost, c.steps, nproc)
-    evidence = "\n".join(f"rank {r} {error.message}"
-                         + (f":\n{c.crashes[r]}" if r in c.crashes else "")
-                         for r, error in sorted(c.lost.items()))
+    evidence = "\n".join(f"rank {r} {error.message}" for r, error in sorted(c.lost.items()))
     return c.startup, _up_to_first_failure(c.steps) if startup_complete else [], evidence
 
 

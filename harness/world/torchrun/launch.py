@@ -12,17 +12,22 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from harness.errors import HarnessCannot
 from harness.world.channel.control_server import ControlServer
 from harness.world.channel.links import RankLinks
-from harness.world.channel.messages import WorkerCrash, WorkerHello, WorkerReady
+from harness.world.channel.messages import WorkerCannot, WorkerHello, WorkerReady
 from harness.world.channel.wire import expect_hello
 
 LAUNCH_TIMEOUT_S = 90.0  # torchrun start plus `import torch` in every worker
 HELLO_TIMEOUT_S = 30.0  # an authenticated worker says who it is
 
 
-class WorldError(RuntimeError):
-    """The world could not be started (torchrun failed, or workers never connected)."""
+class WorldError(HarnessCannot):
+    """The world could not be started (torchrun failed, or workers never connected): one
+    line, exit 3; a worker's traceback or a log is the detail."""
+
+    def __init__(self, message: str, detail: str = "") -> None:
+        super().__init__("world", message, detail)
 
 
 class Formation:
@@ -70,6 +75,11 @@ def accept_workers(links: RankLinks, nproc: int, server: ControlServer,
         on_hello(hello)
     for rank in links.ranks():
         message = links.recv(rank, max(1.0, deadline - time.monotonic()))
+        if isinstance(message, WorkerCannot):
+            said = message.message if message.what == "world" else \
+                f"{message.what}: {message.message}"
+            raise WorldError(f"rank {rank} failed to join the process group: {said}",
+                             message.traceback)
         if not isinstance(message, WorkerReady):
-            said = message.traceback if isinstance(message, WorkerCrash) else repr(message)
-            raise WorldError(f"rank {rank} failed to join the process group:\n{said}")
+            raise WorldError(f"rank {rank} failed to join the process group: it said "
+                             f"{type(message).__name__}")

@@ -89,7 +89,7 @@ class LocalAgent:
     def _launcher_alive(self) -> None:
         if not self.alive:
             raise WorldError(f"torchrun exited with {self._proc.returncode} before every "
-                             f"worker connected:\n{self._log_tail()}")
+                             "worker connected", self._log_tail())
 
     def end_world(self, links: RankLinks, timeouts: Timeouts) -> list[int]:
         """End the world after a failure; its replacement boots now, while the driver judges."""

@@ -25,8 +25,9 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from harness.errors import cannot_of
 from harness.faults import FaultKind
-from harness.scenario import scenario_from_dict
+from harness.scenario import Scenario, scenario_from_dict
 from harness.sut.executions import rank_runtime_class
 from harness.sut.rank_runtime import RankRuntime
 from harness.sut.step_loop import run_steps
@@ -46,7 +47,7 @@ from harness.world.channel.messages import (
     StartSteps,
     StartupReport,
     StepReport,
-    WorkerCrash,
+    WorkerCannot,
     WorkerHello,
     WorkerReady,
 )
@@ -202,17 +203,28 @@ class Worker:
     def _runtime(self, config, timeouts: Timeouts):
         key = (config, timeouts)
         if key not in self.runtimes:
-            runtime = rank_runtime_class(config)(
-                config, self.rank, self.group, device=self.device,
-                emulated_graphs=self.emulated_graphs,
-                collective_timeout_s=timeouts.collective_s,
-                hang_timeout_s=timeouts.hang_s,
-                trace_path=str(TraceLayout(self.trace_dir).collectives(self.rank)))
+            try:
+                runtime = rank_runtime_class(config)(
+                    config, self.rank, self.group, device=self.device,
+                    emulated_graphs=self.emulated_graphs,
+                    collective_timeout_s=timeouts.collective_s,
+                    hang_timeout_s=timeouts.hang_s,
+                    trace_path=str(TraceLayout(self.trace_dir).collectives(self.rank)))
+            except Exception as exc:  # before the system under test ran: the harness's failure
+                raise cannot_of(exc, "world", f"rank {self.rank} could not build its "
+                                "runtime") from exc
             self.runtimes[key] = (runtime, runtime.startup())
         return self.runtimes[key]
 
+    def _scenario(self, scenario_data: dict) -> Scenario:
+        try:
+            return scenario_from_dict(scenario_data)
+        except Exception as exc:
+            raise cannot_of(exc, "world", f"rank {self.rank} could not read the scenario it "
+                            "was sent") from exc
+
     def run(self, scenario_data: dict, timeouts: Timeouts) -> None:
-        scenario = scenario_from_dict(scenario_data)
+        scenario = self._scenario(scenario_data)
         runtime, startup = self._runtime(scenario.config, timeouts)
         runtime.reset_state()
         self.channel.send(StartupReport(startup))
@@ -235,7 +247,7 @@ class Worker:
         """A scenario of a batch (harness/world/torchrun/batches.py): fault-free, of a config this
         world captured cleanly, so no go-ahead is waited for; the rank stops after a step
         of its own that failed, and sends every record in one message."""
-        scenario = scenario_from_dict(scenario_data)
+        scenario = self._scenario(scenario_data)
         runtime, _ = self._runtime(scenario.config, timeouts)
         runtime.reset_state()
         records = run_steps(
@@ -304,9 +316,10 @@ def main(argv: list[str] | None = None) -> int:
         # into a real graph: that world emulates its graphs over the CUDA tensors.
         told_to_exit = Worker(rank, channel, group, trace_dir, device,
                               emulated_graphs=args.backend != "nccl").serve()
-    except Exception:  # the driver reports it with the rank
+    except Exception as exc:  # the harness's own code (a rank's failure is a record): exit 3
+        cannot = cannot_of(exc, "world", f"rank {rank}'s worker raised", traceback.format_exc())
         try:
-            channel.send(WorkerCrash(rank, traceback.format_exc()))
+            channel.send(WorkerCannot(rank, cannot.what, cannot.message, cannot.detail))
         except wire.ChannelClosed:
             pass
         return 1

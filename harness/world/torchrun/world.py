@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Iterator
 
-from harness.errors import ConfigError
+from harness.errors import ConfigError, HarnessCannot
 from harness.history.records import StartupRecord
 from harness.history.scenario_history import ScenarioHistory, step_failed, steps_may_run
 from harness.scenario import Scenario
@@ -121,8 +121,12 @@ class TorchrunWorld:
         if not self.alive or not len(self.links):  # multi-node agents outlive their worlds
             self.start()
         self.links.send_to_all(RunScenario(scenario.to_dict(), self.timeouts))
-        startup, steps, evidence = collect_scenario(scenario, self.links, self.rig,
-                                                    self.nproc, self.timeouts)
+        try:
+            startup, steps, evidence = collect_scenario(scenario, self.links, self.rig,
+                                                        self.nproc, self.timeouts)
+        except HarnessCannot:  # a rank's own harness code raised: no finding, a fresh world
+            self.end_world()
+            raise
         failed = not steps_may_run(startup) or any(step_failed(s) for s in steps)
         if not evidence and steps_may_run(startup):
             self._clean_captures[(self.launches, scenario.config)] = tuple(startup)
