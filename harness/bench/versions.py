@@ -38,7 +38,7 @@ class Family:
     since: str = "0.33"
 
 
-SEARCH = "scenarios/vllm/0.34/search"  # the config files of 0.34's draft searches
+SEARCH = "harness/bench/version_searches"  # the config files of the 0.34 draft searches
 GUARD_034 = ("--vllm-patch", "scenarios/vllm/patches/0.34/last-region-start.diff")
 
 
