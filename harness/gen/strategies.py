@@ -117,15 +117,7 @@ def fuzz_configs(draw, fixed: Mapping[str, Any] | None = None, *,
     if release.request_keyed_decode:
         fields["draft_schedule"] = pick("draft_schedule", draft_schedules(
             fields.get("decode_query_len", 1), fields["max_num_reqs"]))
-    # Drawn thresholds start at k (lower ones are illegal with microbatching); pinned ones
-    # are kept as given, so that a bad pin is reported rather than mended.
-    fields["decode_threshold"] = pick("decode_threshold", st.sampled_from(
-        DECODE_THRESHOLDS).map(lambda t: max(t, k)))
-    fields["prefill_threshold"] = pick("prefill_threshold", st.sampled_from(
-        PREFILL_THRESHOLDS).map(lambda t: max(t, k)))
-    if CudaGraphMode.parse(mode) is CudaGraphMode.NONE:
-        fields["all2all_backend"] = pick("all2all_backend", st.sampled_from(
-            (All2AllBackend.LOW_LATENCY, All2AllBackend.HIGH_THROUGHPUT)))
+    fields.update(_thresholds_and_backend(pick, k, mode))
     for name, strategy in drawn.items():
         fields[name] = pick(name, strategy)
     fields.update(fixed)
@@ -134,6 +126,19 @@ def fuzz_configs(draw, fixed: Mapping[str, Any] | None = None, *,
     except ConfigError:
         assume(False)
         raise  # unreachable: assume(False) rejects the example
+
+
+def _thresholds_and_backend(pick, k: int, mode) -> dict[str, Any]:
+    # Drawn thresholds start at k (lower ones are illegal with microbatching); pinned ones
+    # are kept as given, so that a bad pin is reported rather than mended.
+    fields = {"decode_threshold": pick("decode_threshold", st.sampled_from(
+                  DECODE_THRESHOLDS).map(lambda t: max(t, k))),
+              "prefill_threshold": pick("prefill_threshold", st.sampled_from(
+                  PREFILL_THRESHOLDS).map(lambda t: max(t, k)))}
+    if CudaGraphMode.parse(mode) is CudaGraphMode.NONE:
+        fields["all2all_backend"] = pick("all2all_backend", st.sampled_from(
+            (All2AllBackend.LOW_LATENCY, All2AllBackend.HIGH_THROUGHPUT)))
+    return fields
 
 
 def graph_modes(varlen_decode: bool) -> st.SearchStrategy:
