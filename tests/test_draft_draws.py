@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 from harness.batch import RankBatch
@@ -39,7 +40,8 @@ def test_a_config_drawn_for_its_drafts_has_draft_tokens_and_varlen_ones_pad_mixe
 
 
 def test_drafts_are_drawn_beside_microbatching_on_0_34_and_never_on_0_33():
-    # Over many draws of the plain reference configs, not one seed (issue 44 item 8).
+    # Over four seeds of the plain reference configs, not one (issue 44 item 8): hits cluster,
+    # one seed drew none in its 300; seeds 0-3 drew 64 (2026-12-06).
     split_drafts = {"0.33": 0, "0.34": 0}
 
     @settings(max_examples=300, database=None, deadline=None,
@@ -49,9 +51,10 @@ def test_drafts_are_drawn_beside_microbatching_on_0_34_and_never_on_0_33():
         if config.num_ubatches > 1 and config.serving.decode_query_len > 1:
             split_drafts[config.serving.release.value] += 1
 
-    count()
+    for seed in range(4):
+        hypothesis_seed(seed)(count)()
     assert split_drafts["0.33"] == 0
-    assert split_drafts["0.34"] >= 15, split_drafts
+    assert split_drafts["0.34"] >= 32, split_drafts
 
 
 @QUICK

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 from harness.batch import RankBatch
@@ -114,5 +115,7 @@ def test_the_reference_search_draws_draft_schedules_beside_microbatching():
         if config.serving.draft_schedule is not None and config.num_ubatches > 1:
             drawn["schedule"] += 1
 
-    count()
-    assert drawn["schedule"] >= 10, drawn
+    # Four fixed seeds, hits cluster: seeds 0-3 drew 71 (2026-12-06).
+    for seed in range(4):
+        hypothesis_seed(seed)(count)()
+    assert drawn["schedule"] >= 35, drawn
