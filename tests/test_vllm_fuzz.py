@@ -5,10 +5,11 @@ Skipped where vLLM does not import (`make test-vllm` installs it)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from vllm_releases import SHIPS_THE_KNOWN_BUGS, on_installed, ships_the_known_bugs
+from vllm_releases import SHIPS_THE_KNOWN_BUGS, on_installed, release_patch, ships_the_known_bugs
 
 from harness.fuzz.engine import FUZZ_TIMEOUTS, Budget, fuzz
 from harness.fuzz.variants import SUT_VARIANTS
@@ -84,6 +85,27 @@ def test_each_finding_on_a_release_is_caught_there_and_clean_with_the_harness_de
     if installed_release().value != path.parent.name:
         pytest.skip(f"found on vLLM {path.parent.name}; {vllm_version()} is installed")
     _caught_and_clean(path)
+
+
+# A release finding the project has a fix for, and the fix (scenarios/vllm/patches/<release>/).
+RELEASE_FIXES = {"0.34/unreachable-twins-dynamic-drafts": "twin-threshold-by-query-len.diff"}
+
+
+@pytest.mark.parametrize("finding, patch", sorted(RELEASE_FIXES.items()))
+def test_a_release_finding_replays_clean_under_its_fix_held_to_the_unpatched_vllm(finding,
+                                                                                  patch):
+    path = Path(__file__).resolve().parents[1] / "scenarios" / "vllm" / f"{finding}.json"
+    if installed_release().value != path.parent.name:
+        pytest.skip(f"found on vLLM {path.parent.name}; {vllm_version()} is installed")
+    scenario = on_installed(load_scenario(path))
+    # Against base too: the fix may change no decision the unpatched vLLM got right.
+    fixed = replace(scenario, config=scenario.config.with_changes(
+        vllm_patches=(release_patch(patch),), differential_against_base=True))
+    with SimWorld(scenario.config.serving.dp_size, FUZZ_TIMEOUTS) as world:
+        result = judge_run(world.run(fixed))
+    assert result.ok, result.failed_verdicts()
+    judged = {v.checker for v in result.verdicts() if v.applied}
+    assert {scenario.caught_by, "differential_base"} <= judged, judged
 
 
 def _caught_and_clean(path: Path) -> None:
