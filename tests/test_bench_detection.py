@@ -1,6 +1,8 @@
 """The detection table's rows: every planted bug, the stream-order slips under vLLM's
 execution among them, each on its own setting; where vllm does not import those rows say so,
-and `--variants` picks them like any other. No world and no clock: the fuzz is stood in for."""
+and `--variants` picks them like any other. Each bug in two columns, side by side: its own
+steered search, and the reference's search (`--detection-column`). No world and no clock:
+the fuzz is stood in for."""
 
 from __future__ import annotations
 
@@ -11,6 +13,9 @@ import pytest
 import harness.bench.detection as detection
 import harness.vllm_sut.available as available
 from harness.bench.detection import (
+    COLUMNS,
+    STEERED,
+    UNSTEERED,
     VLLM_SLIPS,
     DetectionRow,
     detection_rows,
@@ -18,6 +23,7 @@ from harness.bench.detection import (
     timed_variants,
 )
 from harness.config import Release
+from harness.fuzz.unsteered import REFERENCE, unsteered
 from harness.fuzz.variants import EXEC_VARIANTS, VARIANTS
 
 
@@ -125,7 +131,8 @@ def test_a_skipped_row_has_no_median_or_worst_and_prints_no_goal(capsys):
     row = DetectionRow("torchrun", "ids-gather-early-wait", (), (), skipped="vllm not installed")
     assert row.found == 0 and row.median_s() is None and row.worst_s() is None
     print_detection([row])
-    line = capsys.readouterr().out.splitlines()[-1]
+    line = next(line for line in capsys.readouterr().out.splitlines()
+                if line.startswith("torchrun"))
     assert line.split()[:2] == ["torchrun", "ids-gather-early-wait"] and "NO" not in line
 
 
@@ -159,3 +166,73 @@ def test_a_seed_that_found_the_bug_as_another_checker_is_a_miss_named_in_the_row
     print_detection(rows)
     line = next(line for line in capsys.readouterr().out.splitlines() if "guard-merged" in line)
     assert "1/2" in line and "found as graphs_reachable" in line and "NO" in line
+
+
+def test_the_reference_column_hunts_each_bug_unsteered_beside_its_steered_search(fake_search):
+    rows = detection_rows("sim", [7, 8], 5.0, names=("guard-merged", "stock-protocol"),
+                          columns=COLUMNS)
+    assert [(row.variant, row.column) for row in rows] == [
+        ("guard-merged", STEERED), ("guard-merged", UNSTEERED),
+        ("stock-protocol", STEERED), ("stock-protocol", UNSTEERED)]
+    hunted = [(s["variant"], s["hunt"]) for s in fake_search]
+    steered, reference = hunted[0][0], hunted[2][0]
+    assert steered is VARIANTS["guard-merged"]
+    assert reference == unsteered(VARIANTS["guard-merged"]) and reference.drawn == ()
+    assert hunted[2][1] is None  # no hunt filter: any checker's failure ends the search
+    stock = hunted[6][0]
+    assert stock.fault_kinds == REFERENCE.fault_kinds and stock.fault_every == 8
+    assert all(row.note == "" for row in rows)  # the reference draws stock-protocol's fault
+
+
+def test_the_table_prints_the_steered_and_reference_columns_side_by_side(capsys):
+    rows = [DetectionRow("sim", "stock-protocol", (2.0, 4.5), (3, 9)),
+            DetectionRow("sim", "stock-protocol", (None, 40.0), (None, 300),
+                         detections=("found as liveness", "found"), column=UNSTEERED,
+                         note="needs a fault the reference never draws")]
+    print_detection(rows)
+    lines = capsys.readouterr().out.splitlines()
+    head = next(line for line in lines if line.startswith("world"))
+    assert head.index("steered found") < head.index("reference found")
+    line = next(line for line in lines if line.startswith("sim"))
+    steered, reference = line.split(" | ")[1:]
+    assert steered.split()[:4] == ["2/2", "3.2", "4.5", "yes"] and "2.0/3, 4.5/9" in steered
+    assert reference.split()[:5] == ["1/2", "40.0", "-", "NO", "-,"] and "40.0/300" in reference
+    assert "(reference: found as liveness: misses; reference: needs a fault the reference " \
+           "never draws)" in line
+
+
+def test_a_reference_column_alone_prints_no_steered_column(capsys):
+    print_detection([DetectionRow("sim", "guard-merged", (1.0,), (4,), column=UNSTEERED)])
+    out = capsys.readouterr().out
+    assert "reference found" in out and "steered found" not in out and "1.0/4" in out
+
+
+def test_the_column_flag_runs_only_the_detection_tables_chosen_column(monkeypatch, capsys):
+    import harness.bench.throughput as bench
+
+    asked = []
+    monkeypatch.setattr(bench, "print_throughput", lambda *a: pytest.fail("throughput ran"))
+    monkeypatch.setattr(bench, "decode_examples", lambda n: pytest.fail("examples drawn"))
+    monkeypatch.setattr(bench, "detection_rows", lambda *a: asked.append(a) or [])
+    monkeypatch.setattr(bench, "print_detection", lambda rows: None)
+    assert bench.main(["--detection-column", "reference", "--variants",
+                       "guard-merged,stock-protocol", "--seeds", "2", "--budget", "7",
+                       "--worlds", "sim"]) == 0
+    [(world, seeds, budget, names, columns)] = asked
+    assert (world, len(seeds), budget, names, columns) == (
+        "sim", 2, 7.0, ("guard-merged", "stock-protocol"), (UNSTEERED,))
+    assert "7 s per seed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--detection-column", "reference", "--seeds", "0"], "--detection-seeds"),
+    (["--detection-column", "reference", "--budget", "0"], "--detection-budget"),
+    (["--detection-column", "reference", "--worlds", "simm"], "--worlds"),
+    (["--detection-column", "sideways"], "--detection-column")])
+def test_a_bad_detection_flag_is_one_line_naming_it_and_exit_2(capsys, flags, named):
+    from harness.bench.throughput import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(flags)
+    assert exit_info.value.code == 2
+    assert named in capsys.readouterr().err.strip().splitlines()[-1]

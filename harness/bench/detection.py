@@ -5,15 +5,21 @@ The harness's variants, then the stream-order slips planted under vLLM's executi
 (docs/spec.md §11.3, §11.5), each on its own setting (sut vllm, exec vllm); where vllm does
 not import, their rows say so instead of vanishing. A bug counts as detected only when found
 as itself (harness/fuzz/variants.py `detection`); a seed that found it as another checker
-is a miss, shown as "found as X"."""
+is a miss, shown as "found as X".
+
+Two columns: steered, each variant's own search (its draws, faults and hunt narrow toward its
+bug), and reference, its bug alone hunted by the reference's strategies (what a user's `fuzz`
+runs: harness/fuzz/unsteered.py)."""
 
 from __future__ import annotations
 
 import random
 import statistics
+import sys
 from dataclasses import dataclass
 
 from harness.fuzz.engine import FUZZ_TIMEOUTS, SIM_DP_SIZES, Budget, fuzz
+from harness.fuzz.unsteered import REFERENCE, reference_fault_note, unsteered
 from harness.fuzz.variants import EXEC_VARIANTS, FOUND, NOT_FOUND, VARIANTS, Variant, detection
 from harness.scenario import Scenario, scenario_from_dict
 from harness.world.pool import WorldPool
@@ -24,6 +30,8 @@ VLLM_SLIPS = tuple(name for name, v in EXEC_VARIANTS.items() if v.mutation.plant
 # vLLM's execution keeps a process per rank, so on the sim world too it runs on a torchrun
 # world (harness.world.world_for): DP 2 on both, as on the torchrun world.
 VLLM_DP = 2
+STEERED, UNSTEERED = "steered", "reference"  # the columns: its own search, the reference's
+COLUMNS = (STEERED, UNSTEERED)
 
 
 @dataclass(frozen=True)
@@ -35,6 +43,8 @@ class DetectionRow:
     skipped: str = ""  # why the row was not timed (vllm does not import); "" when it was
     # Per seed: "found", "not found" or "found as X" (another checker fired: a miss).
     detections: tuple[str, ...] = ()
+    column: str = STEERED  # whose strategies hunted it: its own, or the reference's
+    note: str = ""  # what the row cannot show (a fault the reference never draws)
 
     @property
     def found(self) -> int:
@@ -56,8 +66,9 @@ def timed_variants() -> tuple[str, ...]:
 
 
 def detection_rows(world: str, seeds: list[int], budget_s: float,
-                   names: tuple[str, ...] | None = None) -> list[DetectionRow]:
-    """Rows for every planted bug, or for those `names` only."""
+                   names: tuple[str, ...] | None = None,
+                   columns: tuple[str, ...] = (STEERED,)) -> list[DetectionRow]:
+    """Rows for every planted bug, or for those `names` only: one per column of each."""
     chosen = [name for name in timed_variants() if names is None or name in names]
     planted = [VARIANTS[name] for name in chosen if name not in VLLM_SLIPS]
     slips = [name for name in chosen if name in VLLM_SLIPS]
@@ -66,21 +77,22 @@ def detection_rows(world: str, seeds: list[int], budget_s: float,
     if planted:
         dp_sizes = SIM_DP_SIZES if nproc is None else (nproc,)
         with WorldPool(world, "gloo", FUZZ_TIMEOUTS, nproc) as pool:
-            rows += [_row(world, variant, pool, dp_sizes, seeds, budget_s)
-                     for variant in planted]
+            rows += [_row(world, variant, pool, dp_sizes, seeds, budget_s, column=column)
+                     for variant in planted for column in columns]
     if slips:
-        rows += vllm_slip_rows(world, seeds, budget_s, slips)
+        rows += vllm_slip_rows(world, seeds, budget_s, slips, columns)
     return rows
 
 
-def vllm_slip_rows(world: str, seeds: list[int], budget_s: float,
-                   names: list[str]) -> list[DetectionRow]:
+def vllm_slip_rows(world: str, seeds: list[int], budget_s: float, names: list[str],
+                   columns: tuple[str, ...] = (STEERED,)) -> list[DetectionRow]:
     """The rows of vLLM's execution slips; each one a skipped row where vllm does not import."""
     from harness.vllm_sut.available import installed_release, unavailable_reason, vllm_version
 
     if vllm_version() is None:
         why = f"vllm not installed ({unavailable_reason()})"
-        return [DetectionRow(world, name, (), (), skipped=why) for name in names]
+        return [DetectionRow(world, name, (), (), skipped=why, column=column)
+                for name in names for column in columns]
     release = {"release": installed_release().value}  # the miniature models the installed one
     nproc = None if world == "sim" else VLLM_DP  # the sim world opens its torchrun one
     with WorldPool(world, "gloo", FUZZ_TIMEOUTS, nproc, preload_vllm=True) as pool:
@@ -90,7 +102,8 @@ def vllm_slip_rows(world: str, seeds: list[int], budget_s: float,
             # Ranks that import vLLM start in tens of seconds: started before the clock runs,
             # as the torchrun world of the harness's rows is.
             pool.run(warm_up(variant, release))
-            rows.append(_row(world, variant, pool, (VLLM_DP,), seeds, budget_s, release))
+            rows += [_row(world, variant, pool, (VLLM_DP,), seeds, budget_s, release, column)
+                     for column in columns]
     return rows
 
 
@@ -103,20 +116,33 @@ def warm_up(variant: Variant, fixed: dict | None = None) -> Scenario:
 
 
 def _row(world: str, variant: Variant, pool: WorldPool, dp_sizes: tuple[int, ...],
-         seeds: list[int], budget_s: float, fixed: dict | None = None) -> DetectionRow:
+         seeds: list[int], budget_s: float, fixed: dict | None = None,
+         column: str = STEERED) -> DetectionRow:
+    hunted = variant if column == STEERED else unsteered(variant)
     seconds, examples, detections = [], [], []
     for seed in seeds:
         # Detection only: no shrinking, so every seed costs at most the budget.
-        outcome = fuzz(variant, pool.run, world=world, dp_sizes=dp_sizes,
+        outcome = fuzz(hunted, pool.run, world=world, dp_sizes=dp_sizes,
                        budget=Budget(seconds=budget_s, shrink_seconds=0.0), database=None,
-                       seed=seed, scenario_dir=_scratch(), hunt=variant.hunt, fixed=fixed)
-        shown = detection(variant.caught_by, outcome.found, outcome.checker)
+                       seed=seed, scenario_dir=_scratch(), hunt=hunted.hunt, fixed=fixed)
+        shown = detection(hunted.caught_by, outcome.found, outcome.checker)
         itself = shown == FOUND
         seconds.append(outcome.seconds_to_detection if itself else None)
         examples.append(outcome.examples_to_detection if itself else None)
         detections.append(shown)
+        _progress(world, variant.name, column, seed, shown, seconds[-1], examples[-1])
+    note = "" if column == STEERED else reference_fault_note(variant)
     return DetectionRow(world, variant.name, tuple(seconds), tuple(examples),
-                        detections=tuple(detections))
+                        detections=tuple(detections), column=column, note=note)
+
+
+def _progress(world: str, name: str, column: str, seed: int, shown: str,
+              seconds: float | None, examples: int | None) -> None:
+    # The table prints at the end of a long run: each seed's result as it comes, on stderr,
+    # so that a run cut short keeps what it measured.
+    took = "" if seconds is None else f" in {seconds:.1f} s, {examples} examples"
+    print(f"detection {world} {name} ({column}) seed {seed}: {shown}{took}", file=sys.stderr,
+          flush=True)
 
 
 def _scratch() -> str:
@@ -129,21 +155,65 @@ def random_seeds(count: int) -> list[int]:
     return [random.randrange(2**32) for _ in range(count)]
 
 
+PER_SEED = "per seed (s/examples)"
+
+
 def print_detection(rows: list[DetectionRow]) -> None:
-    width = max([len("variant"), *(len(row.variant) for row in rows)])
-    print(f"\n{'world':9} {'variant':{width}} {'found':>6} {'median s':>9} {'worst s':>8} "
-          f"{'examples (per seed)':24} goal <{GOAL_S:.0f}s")
+    """One line per world and variant, its columns (steered, reference) side by side."""
+    columns = [c for c in COLUMNS if any(row.column == c for row in rows)]
+    groups: dict[tuple[str, str], dict[str, DetectionRow]] = {}
     for row in rows:
-        if row.skipped:
-            print(f"{row.world:9} {row.variant:{width}} skipped: {row.skipped}")
+        groups.setdefault((row.world, row.variant), {})[row.column] = row
+    cells = {key: [_cells(group.get(c)) for c in columns] for key, group in groups.items()}
+    seed_widths = [max([len(PER_SEED), *(len(cell[i][-1]) for cell in cells.values())])
+                   for i in range(len(columns))]
+    width = max([len("variant"), *(len(row.variant) for row in rows)])
+    head = f"\n{'world':9} {'variant':{width}}" + "".join(
+        f" | {c + ' found':>15} {'median s':>8} {'worst s':>7} {f'<{GOAL_S:.0f}s':>4} "
+        f"{PER_SEED:{w}}" for c, w in zip(columns, seed_widths, strict=True))
+    print(head.rstrip())
+    for (world, variant), group in groups.items():
+        line = f"{world:9} {variant:{width}}"
+        skipped = next((row.skipped for row in group.values() if row.skipped), "")
+        if skipped:
+            print(f"{line} skipped: {skipped}")
             continue
-        median, worst = row.median_s(), row.worst_s()
-        per_seed = ", ".join("-" if e is None else str(e) for e in row.examples)
-        met = "yes" if worst is not None and worst < GOAL_S else "NO"
-        misses = sorted({d for d in row.detections if d not in (FOUND, NOT_FOUND)})
-        print(f"{row.world:9} {row.variant:{width}} {row.found:>3}/{len(row.seconds):<2} "
-              f"{_fmt(median):>9} {_fmt(worst):>8} {per_seed:24} {met}"
-              f"{'  (' + '; '.join(misses) + ': misses)' if misses else ''}")
+        for (found, median, worst, met, per_seed), w in zip(cells[(world, variant)],
+                                                            seed_widths, strict=True):
+            line += f" | {found:>15} {median:>8} {worst:>7} {met:>4} {per_seed:{w}}"
+        notes = [f"{c}: {text}" for c in columns if c in group for text in _notes(group[c])]
+        print(line.rstrip() + (f"  ({'; '.join(notes)})" if notes else ""))
+    _print_legend(rows, columns)
+
+
+def _cells(row: DetectionRow | None) -> tuple[str, str, str, str, str]:
+    """found, median, worst, goal met, and per seed seconds/examples ("-": not as itself)."""
+    if row is None:
+        return "", "", "", "", "not run"
+    worst = row.worst_s()
+    per_seed = ", ".join("-" if s is None else f"{s:.1f}/{e}"
+                         for s, e in zip(row.seconds, row.examples, strict=True))
+    met = "yes" if worst is not None and worst < GOAL_S else "NO"
+    return (f"{row.found}/{len(row.seconds)}", _fmt(row.median_s()), _fmt(worst), met,
+            per_seed)
+
+
+def _notes(row: DetectionRow) -> list[str]:
+    misses = sorted({d for d in row.detections if d not in (FOUND, NOT_FOUND)})
+    return ([f"{'; '.join(misses)}: misses"] if misses else []) + ([row.note] if row.note else [])
+
+
+def _print_legend(rows: list[DetectionRow], columns: list[str]) -> None:
+    print(f"{PER_SEED}: seconds and examples to detection as itself; -: not found as "
+          f"itself within the budget")
+    if UNSTEERED in columns:
+        faults = ", ".join(kind.value for kind in REFERENCE.fault_kinds) or "none"
+        drafts = (f"drafts in 1 config in {REFERENCE.drafts_every}" if REFERENCE.drafts_every
+                  else "no drafts")
+        print(f"{STEERED}: the variant's own search (its draws, faults and hunt); "
+              f"{UNSTEERED}: its bug alone under the reference's search (k from "
+              f"{REFERENCE.ubatch_counts}, {drafts}, faults {faults} in 1 scenario in "
+              f"{REFERENCE.fault_every}, no hunt filter)")
     if any(row.variant in VLLM_SLIPS and not row.skipped for row in rows):
         print(f"{', '.join(VLLM_SLIPS)}: sut vllm, exec vllm, DP {VLLM_DP} on torchrun rank "
               f"processes on either world (vLLM's execution keeps a process per rank)")

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from harness.bench.cpu import ceiling_per_second, cores, cpu_seconds
 from harness.bench.detection import (
+    COLUMNS,
     detection_rows,
     print_detection,
     random_seeds,
@@ -182,10 +183,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--spawned", type=int, default=5)
     parser.add_argument("--batch", type=int, default=BATCH_SIZE,
                         help="examples per round trip in the batched persistent row")
-    parser.add_argument("--detection-seeds", type=int, default=3,
+    parser.add_argument("--detection-seeds", "--seeds", type=int, default=3,
                         help="fresh random seeds per variant for time to detection (0: skip "
                         "that table)")
-    parser.add_argument("--detection-budget", type=float, default=60.0, metavar="S")
+    parser.add_argument("--detection-budget", "--budget", type=float, default=60.0,
+                        metavar="S", help="seconds of search per seed and variant")
+    parser.add_argument("--detection-column", choices=[*COLUMNS, "both"],
+                        help="only the detection table, only this column: steered (each "
+                        "variant's own search) or reference (its bug under the reference's "
+                        "search); default: both columns, after the other tables")
     parser.add_argument("--worlds", default="sim,torchrun",
                         help="worlds to time detection on")
     parser.add_argument("--variants", help="planted bugs to time detection of (default: all)")
@@ -221,12 +227,10 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.detection_seeds < 0:
-        parser.error(f"--detection-seeds: a count of seeds, not {args.detection_seeds}")
-    unknown = [n for n in (args.variants or "").split(",") if n and n not in timed_variants()]
-    if unknown:
-        parser.error(f"--variants: no planted bug named {unknown[0]!r} (one of "
-                     f"{', '.join(timed_variants())})")
+    _check_detection(parser, args)
+    if args.detection_column:
+        print_detection_table(args)
+        return 0
     if args.rebuild_rounds < 0:
         parser.error(f"--rebuild-rounds: a count of failures, not {args.rebuild_rounds}")
     if not (math.isfinite(args.reach_seconds) and args.reach_seconds >= 0):
@@ -264,15 +268,40 @@ def main(argv: list[str] | None = None) -> int:
             print_staging_table(args.staging_draws)
         if args.reach_seconds:
             print_reach_table(args.reach_seconds)
-    if not args.detection_seeds:
-        return 0
+    if args.detection_seeds:
+        print_detection_table(args)
+    return 0
+
+
+def _check_detection(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The detection table's flags: one line naming the bad one, exit 2."""
+    if args.detection_seeds < 0:
+        parser.error(f"--detection-seeds: a count of seeds, not {args.detection_seeds}")
+    if args.detection_column and not args.detection_seeds:
+        parser.error("--detection-seeds: 0 skips the detection table that --detection-column "
+                     "asks for")
+    if not (math.isfinite(args.detection_budget) and args.detection_budget > 0):
+        parser.error(f"--detection-budget: seconds per seed, more than 0, not "
+                     f"{args.detection_budget}")
+    unknown = [n for n in (args.variants or "").split(",") if n and n not in timed_variants()]
+    if unknown:
+        parser.error(f"--variants: no planted bug named {unknown[0]!r} (one of "
+                     f"{', '.join(timed_variants())})")
+    worlds = [w for w in args.worlds.split(",") if w not in ("sim", "torchrun")]
+    if worlds:
+        parser.error(f"--worlds: no world named {worlds[0]!r} (sim, torchrun)")
+
+
+def print_detection_table(args: argparse.Namespace) -> None:
+    """Time to detection of the chosen bugs, fresh random seeds, on each world asked for."""
+    columns = COLUMNS if args.detection_column in (None, "both") else (args.detection_column,)
     names = tuple(args.variants.split(",")) if args.variants else None
     seeds = random_seeds(args.detection_seeds)
-    print(f"\ntime to detection from an empty example database, seeds {seeds}:")
+    print(f"\ntime to detection from an empty example database, seeds {seeds}, "
+          f"{args.detection_budget:g} s per seed:", flush=True)
     rows = [row for world in args.worlds.split(",")
-            for row in detection_rows(world, seeds, args.detection_budget, names)]
+            for row in detection_rows(world, seeds, args.detection_budget, names, columns)]
     print_detection(rows)
-    return 0
 
 
 def print_all_rebuilds(backend: str, rounds: int) -> None:
