@@ -38,7 +38,7 @@ def twin_steps(draw, guards: Sequence[Guard] = (Guard.FIXED,),
     but one light rank at the start plus an offset drawn from `light` (None: no light rank)."""
     config = draw(twin_configs(guards))
     k, dp, threshold = config.num_ubatches, config.serving.dp_size, config.serving.decode_threshold
-    twins = [d for d in graph_table(config, 0) if d.microbatched and d.uniform_token_count == 1]
+    twins = [d for d in graph_table(config) if d.microbatched and d.uniform_token_count == 1]
     if not twins:  # not expected of a twin config; drawn plainly all the same
         return draw(steps(st.just(config)))
     # Prefer a twin whose last region starts past the threshold: its light rank still splits.

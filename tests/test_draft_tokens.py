@@ -98,7 +98,7 @@ def test_varlen_decode_graphs_replace_the_uniform_ones_up_to_the_decode_limit(re
     # The spec's plain statement of the table builds the same descriptors.
     for config in (drafts(max_num_reqs=4, release=release),
                    drafts(max_num_reqs=4, varlen_decode=False, release=release)):
-        assert graph_table(config, 0) == list(GraphTable.build(config).descriptors)
+        assert graph_table(config) == list(GraphTable.build(config).descriptors)
 
 
 def test_a_prefill_on_one_rank_keeps_every_rank_out_of_the_varlen_decode_graphs():
@@ -225,7 +225,8 @@ def test_the_rank_local_bound_scenario_names_agreement_and_is_clean_in_the_refer
     failed = {v.checker: v.detail for _, v in buggy.failed_verdicts()}
     assert failed["agreement"] == ("cg_mode differs: ranks [0] have 'FULL'; ranks [1] have "
                                    "'PIECEWISE'")
-    assert "spec_decision" not in failed  # the spec models the switch: agreement names it
+    # The spec plants no bug: rank 0's dispatch with its own bound is not what it plans.
+    assert failed["spec_decision"] == "rank 0: cg_mode: FULL (spec: PIECEWISE)"
     assert clean.ok, clean.failed_verdicts()
 
 

@@ -155,12 +155,14 @@ def test_the_rank_local_vote_is_refused_for_vllms_decision_code():
     assert error.value.field == "ubatch_vote"
 
 
-def test_the_spec_oracle_models_the_rank_local_opt_out_as_the_decision_code_does():
+def test_the_spec_oracle_plans_no_rank_local_opt_out_where_the_decision_code_does():
     cfg = config(2, ubatch_vote="rank-local", prefill_threshold=8)
     batches = [RankBatch.from_query_lens([8]), RankBatch.from_query_lens([4, 4])]
     harness, spec = plan_without_world(cfg, batches), spec_plans(cfg, batches)
     assert [p.desc.num_ubatches for p in harness] == [1, 2]
-    assert harness == spec
+    # The spec plants no bug: both ranks split, as the synced vote decides.
+    assert [p.desc.num_ubatches for p in spec] == [2, 2]
+    assert spec == plan_without_world(config(2, prefill_threshold=8), batches)
 
 
 def run(scenario):

@@ -79,7 +79,10 @@ def test_the_merged_guard_replays_an_empty_last_region_of_an_even_request_count(
     config = drafts_split(guard="merged")
     plans = plan_without_world(config, [uniform(7), uniform(4)])
     assert plans[1].kind == "full-microbatched" and plans[1].empty_regions() == (1,)
-    assert plans == spec_plans(config, [uniform(7), uniform(4)])
+    # The spec plants no bug: it keeps the fixed guard, an eager split.
+    spec = spec_plans(config, [uniform(7), uniform(4)])
+    assert spec != plans and spec[1].kind == "eager-microbatched"
+    assert spec == plan_without_world(drafts_split(), [uniform(7), uniform(4)])
 
 
 def test_an_eager_split_cuts_by_the_synced_query_length():
@@ -102,10 +105,12 @@ def test_0_33_splits_by_tokens_and_the_spec_agrees():
 @given(st.integers(1, 8), st.integers(1, 8), st.sampled_from(["fixed", "merged"]),
        st.sampled_from([2, 3]))
 def test_the_miniature_and_the_spec_plan_every_uniform_draft_step_alike(a, b, guard, k):
+    # ...the miniature with the fixed guard: the spec plans no guard of a planted bug.
     config = drafts_split(guard=guard, enable_dbo=k == 2, ubatch_size=0 if k == 2 else k,
                           decode_threshold=max(4, k), prefill_threshold=max(16, k))
     batches = [uniform(a), uniform(b)]
-    assert plan_without_world(config, batches) == spec_plans(config, batches)
+    fixed = config.with_changes(guard="fixed")
+    assert plan_without_world(fixed, batches) == spec_plans(config, batches)
 
 
 # -- the checkers, on the split a rank ran --------------------------------------------------

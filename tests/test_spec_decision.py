@@ -1,6 +1,8 @@
-"""The spec oracle (harness/spec/decision.py): it agrees with the harness's decision
-code on every drawn config and skew, it alone catches slips in that code that change no
-output row and no cross-rank agreement, and it shares no code with the decision code."""
+"""The spec oracle (harness/spec/decision.py): it plans what the harness's decision code
+plans with its planted bug undone, on every drawn config and skew; it carries no bug switch
+(nothing under harness/spec reads the Mutation but the staging policy), so a planted decision
+bug fails `spec_decision`; it alone catches slips that change no output row and no cross-rank
+agreement; and it shares no code with the decision code."""
 
 from __future__ import annotations
 
@@ -12,15 +14,18 @@ import textwrap
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from harness.batch import RankBatch
+from harness.check.checkers import check_spec_decision
 from harness.check.judge import judge
-from harness.config import CudaGraphMode, Guard, HarnessConfig, Twins
+from harness.config import CudaGraphMode, Guard, HarnessConfig, Mutation, Twins
 from harness.gen.strategies import configs, fuzz_configs, rank_batch, skewed_batches
+from harness.history.records import StepRecord
 from harness.scenario import scenario_from_dict
-from harness.spec.decision import spec_plans
+from harness.spec.decision import spec_plans, stages
 from harness.sut import dp_sync
 from harness.sut.step_plan import plan_without_world
 from harness.timeouts import Timeouts
@@ -32,11 +37,20 @@ FAST = Timeouts(collective_s=2.0, hang_s=4.0, step_deadline_s=15.0)
 SMALL = {"capture_sizes": (16, 32), "max_num_reqs": 32, "max_num_batched_tokens": 64,
          "decode_threshold": 8, "prefill_threshold": 16}
 
-# The variant switches the oracle must model as the config selects them (docs/spec.md §7).
+# The planted decision bugs (docs/spec.md §7) the oracle must not model: drawn, so the
+# harness plans with them and the oracle without. guard staged is a policy, not a bug (§3.4).
 SWITCHES = {"guard": st.sampled_from(list(Guard)), "twins": st.sampled_from(list(Twins)),
             "threshold_offset_rank": st.one_of(st.none(), st.integers(0, 1)),
             "threshold_offset": st.integers(-4, 16),
-            "query_len_bound": st.sampled_from(("synced", "rank-local"))}
+            "query_len_bound": st.sampled_from(("synced", "rank-local")),
+            "ubatch_vote": st.sampled_from(("synced", "rank-local")),
+            "staging_vote": st.sampled_from(("synced", "rank-local"))}
+
+
+def bug_undone(config: HarnessConfig) -> HarnessConfig:
+    """The config with every planted switch back to the reference, the staging policy kept."""
+    staged = config.mutation.guard is Guard.STAGED
+    return replace(config, mutation=Mutation(guard=Guard.STAGED) if staged else Mutation())
 
 
 @st.composite
@@ -86,9 +100,72 @@ def decision_steps(draw):
 # §7.1: 2 * min = G replays under `merged` alone.
 @example((HarnessConfig.of(**SMALL, guard=Guard.MERGED),
           [RankBatch.uniform(16, 1), RankBatch.uniform(32, 1)]))
-def test_the_oracle_plans_what_the_harness_plans_on_every_rank_and_field(step):
+def test_the_oracle_plans_what_the_harness_plans_with_its_planted_bug_undone(step):
     config, batches = step
-    assert spec_plans(config, batches) == plan_without_world(config, batches)
+    assert spec_plans(config, batches) == plan_without_world(bug_undone(config), batches)
+
+
+# -- planted decision bugs: in the system under test alone -----------------------------------
+
+UNIFORM, LENS = RankBatch.uniform, RankBatch.from_query_lens
+DRAFTS = {"enable_dbo": False, "decode_query_len": 3, "varlen_decode": True,
+          "cudagraph_mode": "FULL_AND_PIECEWISE", "capture_sizes": (8, 16), "max_num_reqs": 8,
+          "max_num_batched_tokens": 64}
+# Per decision switch of harness/bug_switches.py, a step whose decision the bug changes.
+PLANTED = {
+    # §7.1: 2 * min = G, the merged guard replays rank 0's empty second region.
+    "guard merged": ({**SMALL, "guard": "merged"}, [UNIFORM(16, 1), UNIFORM(32, 1)]),
+    # §3.3: k = 3, G = 96, min 50 leaves the third region empty under the literal 2.
+    "guard strict-k2": ({"ubatch_size": 3, "enable_dbo": False, "capture_sizes": (96,),
+                         "max_num_reqs": 96, "max_num_batched_tokens": 96,
+                         "decode_threshold": 8, "guard": "strict-k2"},
+                        [UNIFORM(50, 1), UNIFORM(96, 1)]),
+    # §7.5: the unreachable twin of 16 two-token requests is captured, so it is replayed.
+    "twins all": ({**SMALL, "twins": "all", "max_num_reqs": 16, "prefill_threshold": 8},
+                  [UNIFORM(32, 2), UNIFORM(32, 2)]),
+    # §7.9: rank 1 lacks the 32 twin and splits eagerly where rank 0 replays it.
+    "threshold offset": ({**SMALL, "threshold_offset_rank": 1, "threshold_offset": 16},
+                         [UNIFORM(10, 1), UNIFORM(12, 1)]),
+    # §7.15: rank 0 (one request, k = 2) leaves the split on its own.
+    "ubatch_vote rank-local": ({**SMALL, "ubatch_vote": "rank-local", "prefill_threshold": 8},
+                               [LENS([8]), LENS([4, 4])]),
+    # §7.17: the decode rank dispatches with its own bound to the varlen graph.
+    "query_len_bound rank-local": ({**DRAFTS, "query_len_bound": "rank-local"},
+                                   [LENS([1, 3, 2], decode_query_len=3),
+                                    LENS([5, 1], decode_query_len=3)]),
+    # §3.4: rank 1 (12 of 16, its last region filled) keeps the fixed guard and runs eagerly.
+    "staging_vote rank-local": ({**SMALL, "guard": "staged", "staging_vote": "rank-local",
+                                 "decode_threshold": 4}, [UNIFORM(5, 1), UNIFORM(12, 1)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PLANTED))
+def test_the_oracle_plans_no_planted_decision_bug_so_spec_decision_fails_on_it(name):
+    flat, batches = PLANTED[name]
+    config = HarnessConfig.of(**flat)
+    buggy, spec = plan_without_world(config, batches), spec_plans(config, batches)
+    assert spec == plan_without_world(bug_undone(config), batches)
+    assert buggy != spec
+    assert not check_spec_decision(records_of(buggy), spec).ok
+    assert check_spec_decision(records_of(spec), spec).ok
+
+
+def records_of(plans) -> list[StepRecord]:
+    """Records that carry a plan and nothing else, for the plan checkers."""
+    return [StepRecord(rank=p.rank, step=0, plan=p, executed="replay", captured_split=(),
+                       replay_split=(), fingerprint=(), routes=(), outputs=(), state=(),
+                       threads_alive=(), pending_run=False, error=None, injected_fault=False,
+                       seconds=0.0) for p in plans]
+
+
+def test_the_merged_guard_at_twice_min_equal_to_g_fails_spec_decision_on_a_world():
+    # docs/spec.md §7.1: [16, 32] on G = 32 replays the twin with rank 0's region 2 empty;
+    # the oracle keeps the fixed guard and splits eagerly.
+    result = judged({**SMALL, "guard": "merged"}, [{"tokens": 16}, {"tokens": 32}])
+    assert {r.executed for r in result.steps[0].records} == {"replay"}
+    failed = failing(result)
+    assert failed["spec_decision"] == "rank 0: cg_mode: FULL (spec: NONE)"
+    assert "no_empty_region" in failed
 
 
 # -- slips that no checker but the oracle sees -------------------------------------------------
@@ -221,3 +298,71 @@ def test_importing_the_oracle_loads_no_decision_code():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# The spec's one read of the Mutation: the staging policy, a system choice stored among the
+# bug switches (docs/spec.md §3.4); every planted bug is the system under test's alone.
+STAGING_POLICY_READ = "decision.py: stages: config.mutation.guard"
+
+
+def mutation_reads(root: Path) -> list[str]:
+    """'file: function: expression' for every reference to the Mutation in a module under
+    `root`: the attribute or a name `mutation`, the class, or the string (getattr)."""
+    found: list[str] = []
+    for path in sorted(root.glob("*.py")):
+        source = path.read_text()
+        _MutationReads(path.name, source, found).visit(ast.parse(source))
+    return found
+
+
+class _MutationReads(ast.NodeVisitor):
+    def __init__(self, file: str, source: str, found: list[str]) -> None:
+        self.file, self.source, self.found, self.where = file, source, found, "module"
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+        outer, self.where = self.where, node.name
+        self.generic_visit(node)
+        self.where = outer
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        # config.mutation.guard is named whole: which switch is read
+        if node.attr == "mutation" or (isinstance(node.value, ast.Attribute)
+                                       and node.value.attr == "mutation"):
+            self._hit(node)
+        else:
+            self.generic_visit(node)
+
+    def visit_Name(self, node: ast.Name) -> None:
+        if node.id in ("mutation", "Mutation"):
+            self._hit(node)
+
+    def visit_Constant(self, node: ast.Constant) -> None:
+        if node.value == "mutation":
+            self._hit(node)
+
+    def visit_alias(self, node: ast.alias) -> None:
+        if node.name == "Mutation":
+            self._hit(node)
+
+    def _hit(self, node: ast.AST) -> None:
+        self.found.append(f"{self.file}: {self.where}: "
+                          f"{ast.get_source_segment(self.source, node)}")
+
+
+def test_nothing_under_harness_spec_reads_the_mutation_but_the_staging_policy():
+    assert mutation_reads(ROOT / "harness" / "spec") == [STAGING_POLICY_READ]
+    # ...and that read selects the policy alone, no guard of a planted bug.
+    assert [g for g in Guard if stages(HarnessConfig.of(guard=g))] == [Guard.STAGED]
+
+
+def test_a_spec_module_that_reads_a_bug_switch_is_refused(tmp_path):
+    (tmp_path / "decision.py").write_text(
+        "from harness.config import Mutation\n"
+        "def stages(config):\n    return config.mutation.guard is Guard.STAGED\n"
+        "def graph_table(config):\n    return config.mutation.twins\n")
+    (tmp_path / "capture.py").write_text(
+        "def sizes(config):\n    return getattr(config, 'mutation').guard\n")
+    assert mutation_reads(tmp_path) == [
+        "capture.py: sizes: 'mutation'",
+        "decision.py: module: Mutation",
+        STAGING_POLICY_READ, "decision.py: graph_table: config.mutation.twins"]

@@ -3,6 +3,8 @@
 A variant plants its bug as a Mutation of the system under test (and, for protocol bugs, the
 faults that trigger them), apart from the setting it runs on; the fuzzer is told nothing else.
 Each names the checkers that catch it, so a detection counts only when the bug shows as itself.
+A bug in the harness's decisions names spec_decision last: the spec plans without it, so a
+decision that differs from the spec's is that bug showing (its consequence preferred).
 """
 
 from __future__ import annotations
@@ -79,10 +81,11 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("guard-merged", "PR #51700 as merged (and vllm 0.33.0): eager only when "
             "2 * min < G, so a rank at exactly G / 2 replays an empty microbatch",
             mutation=Mutation(guard="merged"),
-            caught_by=("no_empty_region", "captured_split"), drawn=TWIN_MODES_DRAWN),
+            caught_by=("no_empty_region", "captured_split", "spec_decision"),
+            drawn=TWIN_MODES_DRAWN),
     Variant("guard-strict-k2", "the guard `2 * min <= G` with its literal 2: wrong for k > 2",
             mutation=Mutation(guard="strict-k2"),
-            caught_by=("no_empty_region", "captured_split"),
+            caught_by=("no_empty_region", "captured_split", "spec_decision"),
             ubatch_counts=(3, 4), drawn=TWIN_MODES_DRAWN),
     # Real-token staging (docs/spec.md §3.4): the policy itself, a reference, and two slips.
     Variant("staged-reference", "guard staged: a split step the fixed guard sends to eager "
@@ -99,11 +102,12 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
             "would be empty: it replays the twin while a peer whose tokens reach that region "
             "keeps the fixed guard and runs the step eagerly",
             mutation=Mutation(guard="staged", staging_vote="rank-local"),
-            caught_by=("agreement", "routing_provenance", "errors"), drawn=TWIN_MODES_DRAWN),
+            caught_by=("agreement", "routing_provenance", "errors", "spec_decision"),
+            drawn=TWIN_MODES_DRAWN),
     Variant("unreachable-twins", "a microbatched twin generated for every FULL size, including "
             "sizes no legal batch can reach (captured and held for nothing)",
             mutation=Mutation(twins="all"),
-            caught_by=("graphs_reachable",)),
+            caught_by=("graphs_reachable", "spec_decision")),
     Variant("stock-protocol", "the stock microbatch protocol: a microbatch that fails after its "
             "first yield leaves its sibling waiting forever",
             mutation=Mutation(protocol="stock"),
@@ -116,7 +120,7 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
             caught_by=("graphs_capture_work", "matches_reference", "startup")),
     Variant("asymmetric-candidates", "one rank derives its twins with a shifted decode "
             "threshold, so the ranks capture different graphs",
-            caught_by=("capture_symmetry", "agreement", "startup"),
+            caught_by=("capture_symmetry", "agreement", "startup", "spec_decision"),
             # The mutation is drawn: which rank, and how far its threshold moves.
             drawn=(("threshold_offset_rank", st.integers(0, 1)),
                    ("threshold_offset", st.integers(1, 32)))),
@@ -157,13 +161,13 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
             "the split on its own, a value no other rank consults; its peers wait in "
             "all-to-alls it never joins (vLLM PR #50945's review)",
             mutation=Mutation(ubatch_vote="rank-local"),
-            caught_by=("split_consensus", "agreement", "errors")),
+            caught_by=("split_consensus", "agreement", "errors", "spec_decision")),
     Variant("rank-local-query-len-bound", "with draft tokens and varlen decode graphs, a rank "
             "dispatches with its own query-length bound instead of the synced one, so a decode "
             "rank replays a varlen decode graph its peers with a prefill cannot "
             "(docs/spec.md §7.17)",
             mutation=Mutation(query_len_bound="rank-local"),
-            caught_by=("agreement", "executes_plan", "errors"),
+            caught_by=("agreement", "executes_plan", "errors", "spec_decision"),
             # The bug lives where varlen decode graphs exist: drafts (so no microbatching)
             # and a separate decode routine whose mixed steps still pad (PIECEWISE).
             drawn=(("enable_dbo", st.just(False)), ("ubatch_size", st.just(0)),

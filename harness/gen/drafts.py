@@ -83,7 +83,7 @@ def decode_beside_prefill(draw, config: HarnessConfig) -> list[tuple[int, str]]:
     decode (the config's release says which: §1.6, §2.6). There the synced bound is none and
     must keep the decode ranks out of the varlen graph. Empty where the config leaves none."""
     q, dp = config.serving.decode_query_len, config.serving.dp_size
-    sizes = sorted({d.num_tokens for d in graph_table(config, 0)
+    sizes = sorted({d.num_tokens for d in graph_table(config)
                     if d.max_query_len is not None and d.num_tokens > q})
     if dp < 2 or q < 2 or not sizes:
         return []
@@ -102,7 +102,7 @@ def uniform_beside_twin(draw, config: HarnessConfig) -> list[tuple[int, str]]:
     between requests (§4.1), so that start is not G/k's. Empty where the config captures no
     such twin."""
     k, lengths = config.num_ubatches, dict(config.decode_query_lens)
-    twins = [d for d in graph_table(config, 0)
+    twins = [d for d in graph_table(config)
              if d.num_ubatches > 1 and (d.uniform_token_count or 0) > 1
              and d.uniform_token_count in lengths]
     if config.serving.decode_query_len < 2 or not twins:

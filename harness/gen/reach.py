@@ -38,9 +38,9 @@ def twin_at_split(config: HarnessConfig, batches: Sequence[RankBatch]) -> int | 
     ucts = [b.uniform_token_count if b.num_tokens else q for b in batches]
     synced = ucts[0] if ucts[0] and all(u == ucts[0] for u in ucts) else None  # §1.2
     top = max(b.num_tokens for b in batches) or q
-    for rank, batch in enumerate(batches):
-        desc = dispatch(reference, graph_table(reference, rank), batch.num_reqs or 1, top, synced,
-                        num_ubatches=k)
+    table = graph_table(reference)
+    for batch in batches:
+        desc = dispatch(reference, table, batch.num_reqs or 1, top, synced, num_ubatches=k)
         if desc.cg_mode is not CudaGraphMode.NONE:
             return desc.num_tokens
     return None
@@ -77,7 +77,7 @@ def at_draft_bound(scenario: Scenario) -> bool:
     serving = scenario.config.serving
     if serving.decode_query_len < 2 or not serving.varlen_decode:
         return False
-    bounded = [d.num_tokens for d in graph_table(scenario.config, 0)
+    bounded = [d.num_tokens for d in graph_table(scenario.config)
                if d.max_query_len is not None]
     for batches, plans in _steps(scenario):
         state = plans[0].state

@@ -2,12 +2,12 @@
 docs/spec.md (§0.3, §1-§4.1) and sharing no code with harness/sut or harness/vllm_sut. The
 judge holds the decision code to it (check `spec_decision`); the generator aims with it.
 
-`spec_plans(config, batches)` answers what every rank should plan for one step under the
-config it is given, its variant switches included (guard, twins, threshold offset): it judges
-the harness's decision code against its own config, so a planted bug selected by a switch is
-modelled here, not flagged (other checkers catch those). What it flags is a slip in the code
-that no switch selects: a threshold tested on the wrong rank's count, a synced value taken
-from one rank, a padding or region slip. Straight loops, rebuilt for every step, no caching.
+`spec_plans(config, batches)` answers what every rank of the correct system should plan for
+one step, from the config's serving fields alone: the planted bugs of its Mutation (merged or
+strict-k2 guard, all twins, threshold offset, rank-local votes and bounds) live in the system
+under test only, so the judge flags each one that changes a decision, and any slip no switch
+selects. The one Mutation field read is guard = staged (`stages`): a policy beside the fixed
+guard, not a bug (§3.4). Straight loops, rebuilt for every step, no caching.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from harness.batch import RankBatch
-from harness.config import CudaGraphMode, Guard, HarnessConfig, Twins
+from harness.config import CudaGraphMode, Guard, HarnessConfig
 from harness.history.decision import DpSyncState, GraphDescriptor, Region, StepPlan
 from harness.spec.capture import (
     branch_modes,
@@ -41,14 +41,16 @@ def thresholds_hold(config: HarnessConfig, n: int, uniform_decode: bool,
 
 
 def guard_says_eager(config: HarnessConfig, min_tokens: int, graph: GraphDescriptor) -> bool:
-    """§3.2: the guard variant the config selects, against G = the graph's tokens; the fixed
-    one asks whether the smallest rank reaches the last region of the graph's own split."""
+    """§3.2, the fixed guard whatever the config plants: eager unless the smallest rank
+    reaches the last region of the graph's own split (G = the graph's tokens)."""
     k, g = config.num_ubatches, graph.num_tokens
-    if config.mutation.guard is Guard.MERGED:
-        return 2 * min_tokens < g
-    if config.mutation.guard is Guard.STRICT_K2:
-        return 2 * min_tokens <= g
     return min_tokens <= last_region_start(g, k, cut_length(config, graph.uniform_token_count))
+
+
+def stages(config: HarnessConfig) -> bool:
+    """§3.4: whether the system runs the real-token staging policy. It is stored as a guard
+    among the Mutation's switches, so this is the spec's one read of them (no bug of it)."""
+    return config.mutation.guard is Guard.STAGED
 
 
 def cut_length(config: HarnessConfig, uct: int | None) -> int | None:
@@ -63,16 +65,15 @@ def last_region_start(padded: int, k: int, q: int | None = None) -> int:
     return (whole * q if whole else padded // k) * (k - 1)
 
 
-def staging_keeps(config: HarnessConfig, graph: GraphDescriptor, min_tokens: int,
-                  own_tokens: int) -> bool:
+def staging_keeps(config: HarnessConfig, graph: GraphDescriptor, min_tokens: int) -> bool:
     """§3.4: guard staged keeps a twin the fixed guard refuses when every rank can put a real
-    one-token request in every region: uct 1 and k <= min <= the last region's start. With
-    staging_vote rank-local (the slip) the rank judges by its own count instead of min."""
-    if config.mutation.guard is not Guard.STAGED:
+    one-token request in every region: uct 1 and k <= min <= the last region's start. Every
+    rank judges by min, row 0 of the gathered matrix, never by its own count."""
+    if not stages(config):
         return False
-    n = own_tokens if config.mutation.staging_vote.value == "rank-local" else min_tokens
     k = config.num_ubatches
-    return graph.uniform_token_count == 1 and k <= n <= last_region_start(graph.num_tokens, k)
+    return (graph.uniform_token_count == 1
+            and k <= min_tokens <= last_region_start(graph.num_tokens, k))
 
 
 def staged_real_tokens(real: int, padded: int, k: int, region: int) -> int:
@@ -151,19 +152,14 @@ def twin_of(config: HarnessConfig, desc: GraphDescriptor,
                            config.num_ubatches)
 
 
-def graph_table(config: HarnessConfig, rank: int) -> list[GraphDescriptor]:
-    """§2.2 rules 1-3 for one rank: candidates per size, then (twins = reachable) only the
-    twins a legal all-ranks-equal uniform decode reaches. The rank matters only through the
-    threshold offset switch (§7.9)."""
+def graph_table(config: HarnessConfig) -> list[GraphDescriptor]:
+    """§2.2 rules 1-3, the same on every rank: candidates per size, then only the twins a
+    legal all-ranks-equal uniform decode reaches."""
     decode_threshold = config.serving.decode_threshold
-    if rank == config.mutation.threshold_offset_rank:
-        decode_threshold += config.mutation.threshold_offset
     if newest(config):
         table = table_by_requests(config, decode_threshold)
     else:
         table = table_by_tokens(config, decode_threshold)
-    if config.mutation.twins is Twins.ALL:
-        return table
     kept = []
     for desc in table:
         if desc.num_ubatches == 1 or reached(config, table, desc):
@@ -262,7 +258,7 @@ def reached(config: HarnessConfig, table: Sequence[GraphDescriptor],
 def spec_plans(config: HarnessConfig, batches: Sequence[RankBatch]) -> list[StepPlan]:
     """Every rank's plan for one step: the gathered matrix of §1.1, each rank's decision of
     §1.3 from it and its own batch, then padding (§2.4) and regions (§4.1)."""
-    tables = [graph_table(config, rank) for rank in range(config.serving.dp_size)]
+    table = graph_table(config)
     # §1.1 rows, column r from rank r alone; the vote is the rank's own unsplit dispatch.
     # An idle rank brings vLLM's dummy batch: one request of q tokens, a uniform decode.
     q = config.serving.decode_query_len
@@ -271,9 +267,9 @@ def spec_plans(config: HarnessConfig, batches: Sequence[RankBatch]) -> list[Step
     tokens, votes, ucts, max_query_lens, allows, reqs = [], [], [], [], [], []
     # §1.6: drafts are skipped only when every rank allows it.
     skip = all(b.allow_skip_drafts for b in deciding)
-    for rank, batch in enumerate(deciding):
+    for batch in deciding:
         tokens.append(batch.num_tokens)
-        votes.append(dispatch(config, tables[rank], batch.num_reqs, batch.num_tokens,
+        votes.append(dispatch(config, table, batch.num_reqs, batch.num_tokens,
                               batch.uniform_token_count, batch.max_query_len).cg_mode.value)
         ucts.append(batch.uniform_token_count or 0)
         max_query_lens.append(-1 if batch.max_query_len is None else batch.max_query_len)
@@ -281,7 +277,7 @@ def spec_plans(config: HarnessConfig, batches: Sequence[RankBatch]) -> list[Step
         reqs.append(batch.num_reqs)
     plans = []
     for rank, batch in enumerate(batches):
-        desc, state = decide(config, tables[rank], deciding[rank], tokens, votes, ucts,
+        desc, state = decide(config, table, deciding[rank], tokens, votes, ucts,
                              max_query_lens, allows, reqs)
         if state is not None:
             state = replace(state, skip_drafts=skip)
@@ -299,10 +295,9 @@ def decide(config: HarnessConfig, table: Sequence[GraphDescriptor], batch: RankB
     own_uct = batch.uniform_token_count or 0
     uniform_decode = own_uct == q and all(u == own_uct for u in ucts)
     min_tokens, max_tokens, max_reqs = min(tokens), max(tokens), max(reqs)
-    # 2: thresholds are monotone in n, so they are tested on the smallest rank (§3.1).
-    # ubatch_vote rank-local (§7.15): this rank also leaves if it has fewer requests than k.
-    alone = config.mutation.ubatch_vote.value == "rank-local" and batch.num_reqs < k
-    if all(a == 1 for a in allows) and not alone and thresholds_hold(
+    # 2: thresholds are monotone in n, so they are tested on the smallest rank (§3.1); the
+    # vote is the gathered one alone, never this rank's own request count (§7.15).
+    if all(a == 1 for a in allows) and thresholds_hold(
             config, min_tokens, uniform_decode, config.serving.decode_threshold):
         desc, staged = None, False
         if config.serving.cudagraph_mode is not NONE:  # 2a: a k-way dispatch of the largest rank
@@ -310,7 +305,7 @@ def decide(config: HarnessConfig, table: Sequence[GraphDescriptor], batch: RankB
                              num_ubatches=k)
             # a k-way dispatch only ever answers a twin or NONE at max_tokens (§2.3 note)
             if graph.cg_mode is not NONE:
-                staged = staging_keeps(config, graph, min_tokens, batch.num_tokens)
+                staged = staging_keeps(config, graph, min_tokens)
                 if staged or not guard_says_eager(config, min_tokens, graph):
                     desc = graph
         if desc is None:  # 2b / T2: split eagerly at the largest rank's size
@@ -323,9 +318,8 @@ def decide(config: HarnessConfig, table: Sequence[GraphDescriptor], batch: RankB
         return (GraphDescriptor(NONE, batch.num_tokens, batch.num_reqs),
                 DpSyncState(tuple(tokens), synced_uct, eager=True, num_reqs=max_reqs))
     # 4 / T4-T6: one unsplit dispatch of the largest rank; no graph means eager at max.
+    # The query-length bound is the synced one, none if any rank has a prefill (§7.17).
     synced_mql = None if -1 in max_query_lens else max(max_query_lens)
-    if config.mutation.query_len_bound.value == "rank-local":  # §7.17: the rank's own bound
-        synced_mql = batch.max_query_len
     desc = dispatch(config, table, batch.num_reqs, max_tokens, synced_uct, synced_mql)
     state_reqs = desc.num_reqs if desc.cg_mode is FULL else max_reqs
     return desc, DpSyncState((desc.num_tokens,) * dp, synced_uct, eager=False,
