@@ -10,6 +10,8 @@ docs/spec.md §5. Two variants, chosen by name: ``stock`` (faithful to vLLM, bug
 - `ring`: one microbatch's end of the ring (`UBatchContext`) and a run's shared state.
 - `threads`: `MicrobatchThreads`, which starts, finishes and aborts runs.
 - `binding`: which context a thread runs; `THREAD_OVERLAP`.
+- `proof`: one step under controlled schedules (`harness.runtime.schedule`), judged; the
+  exhaustive counts (docs/schedules.md). Not imported here.
 
 The MoE layer takes one `MicrobatchOverlap`; `THREAD_OVERLAP` (also
 `MicrobatchThreads.overlap`) implements it for whichever microbatch thread calls it, and

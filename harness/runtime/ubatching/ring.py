@@ -8,11 +8,16 @@ under a lock (`RunState.holder`), so a second runner is caught as a `ProtocolErr
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from harness.runtime.overlap import RecvHook
+from harness.runtime.schedule.primitives import (
+    OS_PRIMITIVES,
+    BarrierLike,
+    EventLike,
+    Primitives,
+)
 from harness.runtime.ubatching.errors import MicrobatchAborted, ProtocolError, Stuck
 from harness.runtime.ubatching.protocols import RingProtocol
 
@@ -23,11 +28,13 @@ class RunState:
     k: int
     hang_timeout_s: float
     poll_interval_s: float
-    ring: list[threading.Event]
-    barrier: threading.Barrier
+    ring: list[EventLike]
+    barrier: BarrierLike
+    # Makes the events and threads and reads the clock: threading's, or a schedule's.
+    primitives: Primitives = OS_PRIMITIVES
     # Polled by every wait: set by `abort_pending()`, a failed start, or a failure the
     # protocol unwinds siblings for.
-    abort: threading.Event = field(default_factory=threading.Event)
+    abort: EventLike = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
     contexts: list[UBatchContext] = field(default_factory=list)
     # Peer slots as vLLM's _CURRENT_CONTEXTS: cleared (None) when a context exits.
@@ -40,6 +47,10 @@ class RunState:
     aborted: dict[int, BaseException] = field(default_factory=dict)
     stuck: set[int] = field(default_factory=set)
     threads: list[threading.Thread] = field(default_factory=list)
+
+    def point(self, ctx: UBatchContext, what: str) -> None:
+        """A handoff the schedule may put another thread before (nothing under `os`)."""
+        self.primitives.point(f"ub{ctx.id}.{what}")
 
     def protocol_error(self, message: str) -> ProtocolError:
         with self.lock:
@@ -82,17 +93,20 @@ class UBatchContext:
     def maybe_run_recv_hook(self) -> None:
         """Run (and clear) the receive hooks pending for me."""
         self._check_thread()
+        self._run.point(self, "run_hooks")
         self._run.protocol.run_hooks(self)
 
     def register_recv_hook(self, hook: RecvHook) -> None:
         """Leave my receive for the next context ((id + 1) % k) to run."""
         self._check_thread()
         run = self._run
+        run.point(self, "register_hook")
         run.protocol.leave_hook(self, run.slots[(self.id + 1) % run.k], hook)
 
     def yield_(self) -> None:
         """Wake the next context and wait for my turn; my current stream is kept."""
         self._check_thread()
+        self._run.point(self, "yield")
         stream = self.current_stream
         self._cpu_yield()
         self._set_stream(stream)
@@ -131,7 +145,8 @@ class UBatchContext:
 
     def _wait_turn(self) -> None:
         run = self._run
-        deadline = time.monotonic() + run.hang_timeout_s
+        clock = run.primitives.monotonic  # a controlled schedule's is virtual
+        deadline = clock() + run.hang_timeout_s
         while True:
             if run.abort.is_set():
                 raise MicrobatchAborted(f"microbatch {self.id} of {run.k} aborted")
@@ -141,7 +156,7 @@ class UBatchContext:
                     raise MicrobatchAborted(f"microbatch {self.id} of {run.k} aborted")
                 self._take_turn()
                 return
-            if time.monotonic() > deadline or self._nobody_can_wake_me():
+            if clock() > deadline or self._nobody_can_wake_me():
                 raise Stuck()
 
     def _nobody_can_wake_me(self) -> bool:

@@ -14,10 +14,10 @@ body spinning forever) stays alive after `finish()`; it is a daemon thread, is r
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
+from harness.runtime.schedule.primitives import OS_PRIMITIVES, Primitives
 from harness.runtime.ubatching.binding import THREAD_OVERLAP, ThreadOverlap, bind
 from harness.runtime.ubatching.errors import (
     MicrobatchAborted,
@@ -95,12 +95,16 @@ class MicrobatchThreads(Generic[T]):
     """Starts k microbatch threads per run and finishes or aborts the run.
 
     Contract (docs/spec.md §5.1): call the `finish` returned by `begin_run` exactly once on the
-    starting thread, or call `abort_pending()`.
+    starting thread, or call `abort_pending()`. `primitives` makes each run's events, barrier
+    and threads, and reads its clock: `threading`'s by default, or a controlled schedule's
+    (docs/schedules.md), under which the starting thread must be the schedule's.
     """
 
     def __init__(self, variant: str = DEFAULT_VARIANT, *, hang_timeout_s: float = 30.0,
                  poll_interval_s: float = 0.02, barrier_timeout_s: float = 10.0,
-                 join_timeout_s: float | None = None) -> None:
+                 join_timeout_s: float | None = None,
+                 primitives: Primitives = OS_PRIMITIVES) -> None:
+        self.primitives = primitives
         self.protocol = protocol_for(variant)
         self.variant = variant
         self.hang_timeout_s = hang_timeout_s
@@ -140,16 +144,18 @@ class MicrobatchThreads(Generic[T]):
         k = len(bodies)
         if k < 2:
             raise ValueError(f"microbatching needs at least 2 microbatches, got {k}")
+        prims = self.primitives
         run = RunState(protocol=self.protocol, k=k, hang_timeout_s=self.hang_timeout_s,
                        poll_interval_s=self.poll_interval_s,
-                       ring=[threading.Event() for _ in range(k)],
-                       barrier=threading.Barrier(k + 1))
+                       ring=[prims.event(f"ring[{i}]") for i in range(k)],
+                       barrier=prims.barrier(k + 1, "ready"), primitives=prims,
+                       abort=prims.event("abort"))
         run.contexts = [UBatchContext(run, i, streams, compute_stream)
                         for i in range(k)]
         run.slots = list(run.contexts)
         for ctx, body in zip(run.contexts, bodies, strict=True):
-            thread = threading.Thread(target=_thread_main, name=f"ubatch-{ctx.id}", daemon=True,
-                                      args=(run, ctx, body, self.barrier_timeout_s, setup))
+            thread = prims.thread(_thread_main, f"ubatch-{ctx.id}",
+                                  (run, ctx, body, self.barrier_timeout_s, setup))
             ctx.thread = thread
             run.threads.append(thread)
         self._last = run
@@ -195,13 +201,14 @@ class MicrobatchThreads(Generic[T]):
                 and ctx.thread.is_alive()]
 
     def _join(self, run: RunState) -> None:
-        deadline = time.monotonic() + self.join_timeout_s
+        clock = run.primitives.monotonic  # a controlled schedule's is virtual
+        deadline = clock() + self.join_timeout_s
         for thread in run.threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
+            thread.join(max(0.0, deadline - clock()))
         if run.protocol.unwinds_siblings and any(t.is_alive() for t in run.threads):
             run.abort.set()  # release whoever is still in a wait
             for thread in run.threads:
-                thread.join(max(0.0, min(1.0, deadline + 1.0 - time.monotonic())))
+                thread.join(max(0.0, min(1.0, deadline + 1.0 - clock())))
 
     def _result(self, run: RunState) -> list[T]:
         alive = {ctx.id for ctx in run.contexts if ctx.thread is not None
