@@ -36,7 +36,7 @@ from harness.cli_result import (
 from harness.cli_vllm import add_vllm_flags, scenario_with_vllm_code, tested_vllm_json, vllm_fields
 from harness.config import HarnessConfig
 from harness.config_values import check_seconds
-from harness.errors import ConfigError, HarnessCannot
+from harness.errors import ConfigError, HarnessCannot, one_line
 from harness.exhaustive import explore
 from harness.fuzz.command import add_fuzz_command
 from harness.history.decision import StepPlan
@@ -125,8 +125,11 @@ def cmd_decide(args: argparse.Namespace) -> int:
     config = config_from_args(args, dp_size=len(batches), extra=vllm_fields(args))
     validate_batches(config, batches)
     with ThreadWorld(config.serving.dp_size, timeout_s=args.timeout) as world:
-        plans = world.run(lambda rank, group: decide_on_rank(group, config, rank,
-                                                             batches[rank], args.timeout))
+        try:
+            plans = world.run(lambda rank, group: decide_on_rank(group, config, rank,
+                                                                 batches[rank], args.timeout))
+        except (RankFailure, RankHang) as exc:
+            return _ranks_failed(exc, config, args.json)
     disagreement = first_disagreement(plans)
     if args.json:
         print(json.dumps({"agree": disagreement is None,
@@ -139,6 +142,27 @@ def cmd_decide(args: argparse.Namespace) -> int:
         print("ranks agree" if disagreement is None
               else f"RANKS DISAGREE: {disagreement.describe()}")
     return EXIT_OK if disagreement is None else EXIT_FOUND
+
+
+def _ranks_failed(exc: RankFailure | RankHang, config: HarnessConfig, as_json: bool) -> int:
+    """A rank that raised or hung is the decision's finding: one verdict line, exit 1. One
+    that raised HarnessCannot is the harness's own failure (exit 3)."""
+    if isinstance(exc, RankFailure):
+        cannot = [e for e in exc.errors.values() if isinstance(e, HarnessCannot)]
+        if cannot:
+            raise cannot[0]
+        rank, error = next(iter(exc.errors.items()))
+        others = f" (ranks {sorted(exc.errors)} failed)" if len(exc.errors) > 1 else ""
+        line = f"rank {rank} failed: {one_line(error)}{others}"
+    else:
+        line = str(exc)
+    if as_json:
+        print(json.dumps({"agree": False, "failed": line, "disagreement": None, "ranks": [],
+                          "vllm": tested_vllm_json(config)}))
+    else:
+        _print_tested(config)
+        print(f"RANKS FAILED: {line}")
+    return EXIT_FOUND
 
 
 def _print_tested(config: HarnessConfig, note: str = "") -> None:

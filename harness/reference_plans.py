@@ -5,6 +5,8 @@ run is judged again from its records and these plans alone."""
 
 from __future__ import annotations
 
+import traceback
+
 from harness.check.judge import ScenarioResult, judge
 from harness.check.reference import (
     PlansToMatch,
@@ -12,6 +14,7 @@ from harness.check.reference import (
     needs_plans_to_match,
     reference_rows,
 )
+from harness.errors import cannot_of
 from harness.history.scenario_history import ScenarioHistory
 from harness.scenario import Scenario
 from harness.sut.step_plan import plan_without_world
@@ -33,9 +36,14 @@ def plans_to_match(scenario: Scenario) -> list[PlansToMatch]:
 
 
 def references_for(scenario: Scenario) -> list[ReferenceRows]:
-    """The whole reference of every step, whichever system decided."""
-    to_match = plans_to_match(scenario) if needs_plans_to_match(scenario.config) else None
-    return reference_rows(scenario, to_match)
+    """The whole reference of every step, whichever system decided. One that raises is the
+    harness's failure (HarnessCannot, exit 3), never a finding of the run it judges."""
+    try:
+        to_match = plans_to_match(scenario) if needs_plans_to_match(scenario.config) else None
+        return reference_rows(scenario, to_match)
+    except Exception as exc:  # any error here is the harness's own, not the run's
+        raise cannot_of(exc, "reference", "computing the expected rows and plans raised",
+                        traceback.format_exc()) from exc
 
 
 def judge_run(history: ScenarioHistory) -> ScenarioResult:

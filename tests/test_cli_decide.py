@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
-from harness.cli import EXIT_BAD_INPUT, EXIT_FOUND, EXIT_OK, main
+import harness.cli as cli
+from harness.cli import EXIT_BAD_INPUT, EXIT_CANNOT, EXIT_FOUND, EXIT_OK, main
+from harness.errors import HarnessCannot
 
 ROOT = Path(__file__).resolve().parents[1]
 GRAPHS = ["--capture-sizes", "64,128", "--max-num-reqs", "256", "--prefill-threshold", "128"]
@@ -159,3 +162,64 @@ def test_an_unknown_flag_is_one_line_and_exit_2():
     assert proc.returncode == EXIT_BAD_INPUT
     assert [line for line in proc.stderr.splitlines() if line.startswith("error:")] == \
         ["error: unrecognized arguments: --bogus (see --help)"]
+
+
+def failing_rank(monkeypatch, fail) -> None:
+    """decide's rank code with rank 0 replaced by `fail()` (rank 1 then waits out its
+    collective alone)."""
+    decide_on_rank = cli.decide_on_rank
+
+    def rank_code(group, config, rank, batch, timeout_s):
+        if rank == 0:
+            return fail()
+        return decide_on_rank(group, config, rank, batch, timeout_s)
+
+    monkeypatch.setattr(cli, "decide_on_rank", rank_code)
+
+
+def raise_two_lines():
+    raise ValueError("the split went wrong\nand this line is its detail")
+
+
+def test_a_rank_that_raises_is_a_one_line_verdict_and_exit_1_not_a_traceback(capsys,
+                                                                              monkeypatch):
+    failing_rank(monkeypatch, raise_two_lines)
+    code = main(["decide", "--tokens", "64,128", "--timeout", "0.5", *GRAPHS])
+    out, err = capsys.readouterr()
+    assert code == EXIT_FOUND, err
+    assert out.splitlines() == ["RANKS FAILED: rank 0 failed: ValueError: the split went wrong "
+                                "(ranks [0, 1] failed)"], out
+    assert err == ""
+
+
+def test_a_rank_that_raises_is_one_json_object_under_json(capsys, monkeypatch):
+    failing_rank(monkeypatch, raise_two_lines)
+    code, out = decide_json(capsys, "--tokens", "64,128", "--timeout", "0.5", *GRAPHS)
+    assert code == EXIT_FOUND
+    assert out["agree"] is False and out["ranks"] == []
+    assert out["failed"].startswith("rank 0 failed: ValueError: the split went wrong")
+
+
+def test_a_rank_that_hangs_is_a_one_line_verdict_and_exit_1(capsys, monkeypatch):
+    released = threading.Event()
+    failing_rank(monkeypatch, lambda: released.wait(60))
+    try:
+        code = main(["decide", "--tokens", "64,128", "--timeout", "0.5", *GRAPHS])
+    finally:
+        released.set()  # the abandoned rank thread ends with the test
+    out, err = capsys.readouterr()
+    assert code == EXIT_FOUND, err
+    assert out.splitlines() == ["RANKS FAILED: ranks [0] did not finish within 6.0 s"], out
+    assert "Traceback" not in err
+
+
+def test_a_rank_that_raises_harness_cannot_is_exit_3_in_one_line(capsys, monkeypatch):
+    def cannot():
+        raise HarnessCannot("vllm", "vllm 9.9 has an API the harness does not know")
+
+    failing_rank(monkeypatch, cannot)
+    code = main(["decide", "--tokens", "64,128", "--timeout", "0.5", *GRAPHS])
+    out, err = capsys.readouterr()
+    assert code == EXIT_CANNOT, out
+    assert err.splitlines() == ["error: vllm: vllm 9.9 has an API the harness does not know"]
+    assert "RANKS FAILED" not in out

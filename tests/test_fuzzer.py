@@ -11,6 +11,7 @@ from fuzz_crosscheck import cross_check
 from hypothesis import HealthCheck, given, reproduce_failure, settings
 from hypothesis import strategies as st
 
+import harness.fuzz.engine as engine
 from harness.batch import RankBatch
 from harness.check.coverage import coverage_of
 from harness.check.judge import judge
@@ -166,3 +167,52 @@ def test_the_blob_a_search_prints_replays_a_failing_scenario_under_reproduce_fai
             reproduce_failure(version, blob)(replay)()
         verdict = first_failure(judge(world.run(drawn[-1])), variant.caught_by)
     assert (verdict.ok, verdict.checker) == (False, found.checker)
+
+
+def in_phase(phase: list[str], label: str, inner):
+    """`inner` with phase[0] naming it while it runs, and the confirmation after it."""
+    def marked(*args, **kwargs):
+        phase[0] = label
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            phase[0] = "confirm"
+    return marked
+
+
+def shrink_runs(tmp_path, monkeypatch, budget: Budget) -> tuple[dict[str, int], object]:
+    """A guard-merged search: the world runs made after detection, by phase (Hypothesis's
+    shrink, the structural pass, the token pass, the confirmation), and the outcome."""
+    phase, runs = ["search"], []
+    monkeypatch.setattr(engine, "reduce_structure",
+                        in_phase(phase, "structural", engine.reduce_structure))
+    monkeypatch.setattr(engine, "reduce_tokens", in_phase(phase, "tokens", engine.reduce_tokens))
+    with SimWorld(2, FUZZ_TIMEOUTS) as world:
+        def run(scenario):
+            runs.append(phase[0])
+            return world.run(scenario)
+        outcome = fuzz(variant_named("guard-merged"), run, world="sim", dp_sizes=(2,),
+                       budget=budget, database=None, seed=0, scenario_dir=tmp_path)
+    assert outcome.found and outcome.examples == len(runs), outcome.note
+    after = ["hypothesis" if p == "search" else p for p in runs[outcome.examples_to_detection:]]
+    return {p: after.count(p) for p in ("hypothesis", "structural", "tokens", "confirm")}, outcome
+
+
+@pytest.mark.parametrize("shrink_examples", [3, 5])
+def test_each_shrinker_stops_after_its_shrink_examples_world_runs(tmp_path, monkeypatch,
+                                                                   shrink_examples):
+    # Unbounded, Hypothesis's shrink of this search takes some 80 world runs and the token
+    # pass a few more from where that one stops.
+    counts, outcome = shrink_runs(tmp_path, monkeypatch,
+                                  Budget(seconds=60, shrink_examples=shrink_examples,
+                                         shrink_seconds=600))
+    assert counts["hypothesis"] == shrink_examples, counts
+    assert counts["tokens"] == shrink_examples, counts
+    assert counts["confirm"] <= 2 * engine.CONFIRM_TRIES, counts
+    assert outcome.checker in variant_named("guard-merged").caught_by
+
+
+def test_a_shrinker_stops_at_its_seconds_before_its_world_runs(tmp_path, monkeypatch):
+    counts, _ = shrink_runs(tmp_path, monkeypatch,
+                            Budget(seconds=60, shrink_examples=100, shrink_seconds=0))
+    assert counts["hypothesis"] == counts["tokens"] == 0, counts

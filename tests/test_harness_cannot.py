@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import record_builders as rb
 
+from harness import reference_plans
 from harness.check import registry
 from harness.check.history_file import SavedRun, save_run
 from harness.cli import EXIT_CANNOT, EXIT_FOUND, EXIT_OK, main
@@ -93,6 +94,42 @@ def test_a_checker_that_raises_under_the_fuzzer_ends_the_search_with_exit_3_unsh
     assert one_error_line(err) == "error: checker errors: raised KeyError: 'rank 7'"
     assert len(calls) == 1  # not taken for a failure to shrink and replay
     assert not found.exists() or not list(found.iterdir())  # no finding saved
+
+
+def reference_raising(monkeypatch, calls: list | None = None) -> None:
+    """The single-process reference raising, as a bug in it (or in the code making the plans
+    another system is held to) would, each call noted in `calls`."""
+    def boom(scenario, to_match=None):
+        if calls is not None:
+            calls.append(scenario)
+        raise IndexError("step 3 of 1\nits detail")
+    monkeypatch.setattr(reference_plans, "reference_rows", boom)
+
+
+def test_a_reference_that_raises_is_exit_3_in_one_line_not_a_traceback(capsys, tmp_path,
+                                                                       monkeypatch):
+    reference_raising(monkeypatch)
+    code = main(["run", "--scenario", str(scenario_file(tmp_path, CLEAN)), *FAST_FLAGS])
+    out, err = capsys.readouterr()
+    assert code == EXIT_CANNOT, out
+    assert one_error_line(err) == ("error: reference: computing the expected rows and plans "
+                                   "raised: IndexError: step 3 of 1")
+    assert "FAIL" not in out
+
+
+def test_a_reference_that_raises_under_the_fuzzer_ends_the_search_with_exit_3_unshrunk(
+        capsys, tmp_path, monkeypatch):
+    calls: list = []
+    reference_raising(monkeypatch, calls)
+    found = tmp_path / "found"
+    code = main(["fuzz", "--variant", "reference", "--nproc", "2", "--examples", "20",
+                 "--hypothesis-seed", "0", "--no-database", "--log", str(tmp_path / "log"),
+                 "--found-dir", str(found), *FAST_FLAGS])
+    out, err = capsys.readouterr()
+    assert code == EXIT_CANNOT, out
+    assert one_error_line(err).startswith("error: reference: computing the expected rows")
+    assert len(calls) == 1  # not taken for a failure to shrink and replay
+    assert not found.exists() or not list(found.iterdir())
 
 
 def test_a_campaign_whose_job_could_not_do_its_part_exits_3_and_bad_input_still_2(tmp_path):

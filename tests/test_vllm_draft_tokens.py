@@ -101,11 +101,12 @@ def test_a_rank_local_bound_in_vllms_dp_utils_is_found_by_differential_within_30
         tmp_path):
     fixed = {"enable_dbo": False, "ubatch_size": 0, "vllm_patches": (PATCH,),
              "release": installed_release().value}
-    # Seeded and bounded by world runs, not seconds: a fixed path (found at the 3rd of 35
-    # runs on 2026-12-06), however slow the machine.
+    # Seeded and bounded by world runs, not seconds, its shrink too (87 runs on 2026-12-06):
+    # a fixed path (found at the 3rd run), however slow the machine.
     with SimWorld(2, FUZZ_TIMEOUTS) as world:
         outcome = fuzz(SUT_VARIANTS["vllm"], world.run, world="sim", dp_sizes=(2,), fixed=fixed,
-                       budget=Budget(examples=30, seconds=None, shrink_seconds=10.0),
+                       budget=Budget(examples=30, seconds=None, shrink_examples=150,
+                                     shrink_seconds=120.0),
                        database=None, scenario_dir=tmp_path, seed=0)
     assert outcome.found and outcome.checker == "differential", outcome.note
     assert "mql" in outcome.detail  # a varlen decode graph against the reference's choice

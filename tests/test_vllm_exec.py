@@ -14,7 +14,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from vllm_releases import SHIPS_THE_KNOWN_BUGS, on_installed, release_patch, ships_the_known_bugs
+from vllm_releases import (
+    SHIPS_THE_KNOWN_BUGS,
+    on_installed,
+    refused_by_vllm,
+    release_patch,
+    ships_the_known_bugs,
+)
 
 from harness.check.verdict import Outcome
 from harness.cli import EXIT_CANNOT, main
@@ -319,16 +325,8 @@ def test_installing_a_missing_gpu_bundle_is_one_line_and_exit_2(tmp_path, capsys
 def test_a_rank_runtime_vllm_refuses_to_build_is_exit_3_in_one_line_not_a_startup_hang(
         capsys, tmp_path):
     # Was "FAIL startup: ranks [0, 1] did not finish capture within 120.0 s", exit 1: the
-    # workers' ConfigError went as a crash. vLLM wants max_num_batched_tokens >= max_num_seqs,
-    # which HarnessConfig lets through (should it come to refuse it, exit 2, pick another).
-    path = tmp_path / "refused.json"
-    path.write_text(json.dumps({
-        "name": "refused-by-vllm",
-        "config": {"execution": "vllm", "release": installed_release().value,
-                   "capture_sizes": [8, 16], "max_num_reqs": 1024,
-                   "max_num_batched_tokens": 64},
-        "steps": [{"ranks": [12, 16]}]}))
-    code = main(["run", "--scenario", str(path)])
+    # workers' ConfigError went as a crash.
+    code = main(["run", "--scenario", str(refused_by_vllm(tmp_path, execution="vllm"))])
     out, err = capsys.readouterr()
     assert code == EXIT_CANNOT, out
     lines = [line for line in err.splitlines() if line.startswith("error")]

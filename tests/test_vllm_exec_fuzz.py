@@ -23,8 +23,13 @@ pytestmark = [pytest.mark.slow,
                                  f"{SHIPS_THE_KNOWN_BUGS}'s, not {vllm_version()}'s")]
 # Detection takes 60-112 s on the 2-core machine (docs/measurements.md): each hang costs a
 # relaunch. The pytest bound leaves room for the shrink and a world's start and close.
-BUDGET = Budget(seconds=150.0, shrink_seconds=60.0)
-BOUND_S = 420
+# Shrinks are bounded by world runs, so their result does not depend on the machine's speed.
+# A failing run of the hang or the crash costs 12-16 s (a relaunch; the full shrink took
+# 21-23 runs, 284-337 s, on 2026-12-06): 5 per shrinker, about what 60 s allowed there.
+BUDGET = Budget(seconds=150.0, shrink_examples=5, shrink_seconds=120.0)
+# The stream-order hunts shrink in 52-53 runs, 3-6 s (2026-12-06).
+STREAM_BUDGET = Budget(seconds=60.0, shrink_examples=150, shrink_seconds=120.0)
+BOUND_S = 540
 
 
 def hunt(tmp_path, name: str, budget: Budget = BUDGET):
@@ -61,8 +66,7 @@ def test_a_fault_free_search_of_vllms_execution_holds_every_checker(tmp_path):
 
 @pytest.mark.timeout(BOUND_S)
 def test_the_fuzzer_finds_a_missing_compute_wait_by_stream_order_alone(tmp_path):
-    outcome = hunt(tmp_path, "ht-missing-compute-wait",
-                   Budget(seconds=60.0, shrink_seconds=30.0))
+    outcome = hunt(tmp_path, "ht-missing-compute-wait", STREAM_BUDGET)
     assert outcome.found and outcome.checker == "stream_order", outcome.note
     assert "experts on stream default reads dispatch recv of microbatch" in outcome.detail
     assert len(outcome.scenario.steps) == 1 and not outcome.scenario.faults
@@ -75,7 +79,7 @@ def test_the_fuzzer_finds_an_ids_gather_that_waited_before_the_router_on_the_sim
     # The sim world hands vLLM's execution to a torchrun world of the same size.
     with WorldPool("sim", "gloo", FUZZ_TIMEOUTS, 2, preload_vllm=True) as pool:
         outcome = fuzz(variant, pool.run, world="sim", dp_sizes=(2,),
-                       budget=Budget(seconds=60.0, shrink_seconds=30.0), database=None,
+                       budget=STREAM_BUDGET, database=None,
                        scenario_dir=tmp_path, seed=0, hunt=variant.hunt,
                        fixed={"release": installed_release().value})
     assert outcome.found and outcome.checker == "stream_order", outcome.note

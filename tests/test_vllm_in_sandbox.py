@@ -7,9 +7,8 @@ Skipped where vLLM does not import (`make test-vllm` installs it)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
+from vllm_releases import refused_by_vllm
 
 from harness.cli import EXIT_CANNOT, main
 from harness.fuzz.engine import FUZZ_TIMEOUTS
@@ -37,16 +36,7 @@ def test_the_first_vllm_scenario_of_a_sandboxed_world_is_judged_not_timed_out():
 
 def test_a_config_vllm_refuses_where_the_harness_did_not_is_exit_3_in_one_line(capsys,
                                                                               tmp_path):
-    # vLLM wants max_num_batched_tokens >= max_num_seqs; HarnessConfig lets 1024 > 64 through
-    # (should it come to refuse it, exit 2, this test needs another such config).
-    path = tmp_path / "refused.json"
-    path.write_text(json.dumps({
-        "name": "refused-by-vllm",
-        "config": {"dp_size": 2, "sut": "vllm", "release": installed_release().value,
-                   "capture_sizes": [8, 16], "max_num_reqs": 1024,
-                   "max_num_batched_tokens": 64},
-        "steps": [{"ranks": [12, 16]}]}))
-    code = main(["run", "--scenario", str(path)])
+    code = main(["run", "--scenario", str(refused_by_vllm(tmp_path, sut="vllm"))])
     out, err = capsys.readouterr()
     assert code == EXIT_CANNOT, out
     lines = [line for line in err.splitlines() if line.startswith("error")]

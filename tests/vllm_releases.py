@@ -4,6 +4,7 @@ release after 0.33.0), and configs and scenarios modelling the installed release
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -38,3 +39,17 @@ def on_installed(scenario: Scenario) -> Scenario:
     """The scenario modelling the installed vLLM's release (what `run --scenario` does)."""
     return replace(scenario, config=scenario.config.with_changes(
         release=installed_release().value))
+
+
+def refused_by_vllm(folder: Path, **system: str) -> Path:
+    """A scenario file, in `folder`, of a config vLLM refuses and HarnessConfig lets through
+    (vLLM wants max_num_batched_tokens >= max_num_seqs; should the harness come to refuse it,
+    exit 2, its tests need another); `system` says whose code runs (sut=, execution=)."""
+    path = folder / "refused.json"
+    path.write_text(json.dumps({
+        "name": "refused-by-vllm",
+        "config": {"dp_size": 2, **system, "release": installed_release().value,
+                   "capture_sizes": [8, 16], "max_num_reqs": 1024,
+                   "max_num_batched_tokens": 64},
+        "steps": [{"ranks": [12, 16]}]}))
+    return path

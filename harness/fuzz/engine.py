@@ -3,7 +3,7 @@
 Every scenario the search draws runs on the world and goes through every checker; the first
 failing one is raised to Hypothesis, which shrinks the scenario. A world run is the costly
 part, so results are memoised by scenario (shrinking revisits many), the search stops at the
-budget, and shrinking stops after its own bound, keeping the smallest failure so far.
+budget, and shrinking stops after its own bounds, keeping the smallest failure so far.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from harness.fuzz.database import (
     StoppableDatabase,
     open_database,
 )
-from harness.fuzz.reduce import reduce_scenario
+from harness.fuzz.reduce import reduce_structure, reduce_tokens
 from harness.fuzz.result import NOT_SHRUNK, ExampleVerdict, FuzzOutcome
 from harness.fuzz.run_log import ExampleEntry, Intermittency, VerdictEntry, append
 from harness.fuzz.signals import (
@@ -68,7 +68,10 @@ INTERMITTENT_RERUNS = 3  # more runs of a failure that passed its rerun: how oft
 class Budget:
     examples: int | None = None  # world runs at most (None: no bound)
     seconds: float | None = 60.0  # wall-clock search time (None: no bound)
-    shrink_seconds: float = 30.0  # shrinking stops after this, keeping the smallest so far
+    # Each shrinker (Hypothesis's, then the token pass) stops at the first of these, keeping the
+    # smallest failure so far: world runs give one result on any machine, seconds bound a slow one.
+    shrink_seconds: float = 30.0
+    shrink_examples: int | None = None  # world runs per shrinker (None: no bound)
 
     @property
     def max_examples(self) -> int:
@@ -109,6 +112,7 @@ class _Search:
     start: float = field(default_factory=time.monotonic)
     examples: int = 0
     found_at: tuple[int, float] | None = None
+    shrink_from: tuple[int, float] | None = None  # examples and seconds as this shrinker began
     results: dict[str, ExampleVerdict] = field(default_factory=dict)
     last_failing: Scenario | None = None
     # Shrunk candidates that failed once and passed their rerun.
@@ -141,8 +145,8 @@ class _Search:
             self._stop(_BudgetSpent())
         if self.found_at is None and self.shared is not None and self.shared.arrived():
             self._stop(_SharedFailure())
-        if shrink_bounded and self.found_at is not None and \
-                self.elapsed() - self.found_at[1] > self.budget.shrink_seconds:
+        if shrink_bounded and self.shrink_from is not None and self._shrink_spent(
+                *self.shrink_from):
             return None  # shrinking is over: an unseen candidate counts as no smaller failure
         verdict = self._judge(scenario)
         detected = not verdict.ok and self.found_at is None
@@ -153,7 +157,7 @@ class _Search:
         self.results[key] = verdict
         if detected:
             self.first_failing = scenario
-            self.found_at = (self.examples, self.elapsed())
+            self.found_at = self.shrink_from = (self.examples, self.elapsed())
             # The reuse phase runs the saved failures before the search draws anything.
             self.found_by = "replay" if self.calls <= self.saved_at_start else "search"
         if self.progress is not None:
@@ -216,10 +220,20 @@ class _Search:
             self.unconfirmed.append(candidate)
         return self.first_failing, self.verdict(self.first_failing, shrink_bounded=False)
 
-    def fails_like(self, scenario: Scenario, failure: _CheckerFailed) -> bool:
-        # The last pass tries a few candidates only (one step alone, one rank fewer), so it
-        # runs even after Hypothesis's shrinking used up its bound.
-        verdict = self.verdict(scenario, shrink_bounded=False)
+    def begin_shrinker(self) -> None:
+        """The next shrinker starts: it has the shrink bounds to itself."""
+        self.shrink_from = (self.examples, self.elapsed())
+
+    def _shrink_spent(self, runs: int, began: float) -> bool:
+        b = self.budget
+        return (self.elapsed() - began > b.shrink_seconds
+                or (b.shrink_examples is not None and self.examples - runs >= b.shrink_examples))
+
+    def fails_like(self, scenario: Scenario, failure: _CheckerFailed,
+                   bounded: bool = False) -> bool:
+        # The structural pass tries a few candidates only (one step alone, one rank fewer),
+        # so it runs unbounded, even after Hypothesis's shrinking used up its bound.
+        verdict = self.verdict(scenario, shrink_bounded=bounded)
         return verdict is not None and verdict.checker == failure.verdict.checker
 
     def _spent(self) -> bool:
@@ -289,8 +303,10 @@ def fuzz(variant: Variant, run: Callable[[Scenario], ScenarioHistory], *, world:
     if isinstance(failure, _Intermittent):
         return _found(search, failure.scenario, failure.verdict, None, NOT_SHRUNK,
                       Path(scenario_dir), world_flags)
-    minimal = reduce_scenario(search.last_failing, lambda s: search.fails_like(s, failure),
-                              dp_sizes, token_seconds=search.budget.shrink_seconds)
+    simpler = reduce_structure(search.last_failing, lambda s: search.fails_like(s, failure),
+                               dp_sizes)
+    search.begin_shrinker()
+    minimal = reduce_tokens(simpler, lambda s: search.fails_like(s, failure, bounded=True))
     minimal, verdict = search.confirmed(minimal)
     return _found(search, minimal, verdict, _blob(failure), note, Path(scenario_dir),
                   world_flags)

@@ -48,8 +48,20 @@ def reduce_scenario(scenario: Scenario, still_fails: Callable[[Scenario], bool],
                     dp_sizes: Collection[int], token_seconds: float = 10.0) -> Scenario:
     """The simplest scenario reachable by single simplifications that still fails. The token
     pass (one world run per candidate) stops after `token_seconds`, keeping what it reached."""
-    scenario = _greedy(scenario, still_fails, lambda s: simpler_scenarios(s, dp_sizes))
-    deadline = time.monotonic() + token_seconds
+    scenario = reduce_structure(scenario, still_fails, dp_sizes)
+    return reduce_tokens(scenario, still_fails, time.monotonic() + token_seconds)
+
+
+def reduce_structure(scenario: Scenario, still_fails: Callable[[Scenario], bool],
+                     dp_sizes: Collection[int]) -> Scenario:
+    """Fewer steps and ranks while it still fails: a few candidates, unbounded."""
+    return _greedy(scenario, still_fails, lambda s: simpler_scenarios(s, dp_sizes))
+
+
+def reduce_tokens(scenario: Scenario, still_fails: Callable[[Scenario], bool],
+                  deadline: float | None = None) -> Scenario:
+    """Fewer tokens while it still fails; bounded by `deadline` or by `still_fails` itself
+    (the fuzzer's answers no once its shrink bounds are spent)."""
     return _greedy(scenario, still_fails, fewer_tokens, deadline)
 
 
