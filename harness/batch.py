@@ -3,13 +3,15 @@ it) and its one wire form, the `ranks` entries of scenario files, worlds and sav
 
     {"query_lens": [1, 3]}  or  {"tokens": 64}  (that many one-token requests; 0: idle),
     with "allow_ubatching": false and "allow_skip_drafts": true only when not the default, and
-    "scheduled_lens": [1, 4] where adaptive verification trimmed drafts (docs/spec.md §1.6).
+    "scheduled_lens": [1, 4] where adaptive verification trimmed drafts (docs/spec.md §1.6),
+    and under fault tolerance (§1.7) "knows_dead": [2] (the dead ranks this rank has been told
+    of) or "dead": true (the rank has died: it stays idle, a silent member of the rings).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from harness.config import HarnessConfig
@@ -31,6 +33,8 @@ class RankBatch:
     verification, each request's tokens before its drafts were trimmed to the step's budget
     (vLLM's InputBatch.num_scheduled_tokens, an upper bound); `query_lens` are the tokens
     that run, as the device lays them out. None: nothing was trimmed.
+    `knows_dead`: the dead DP ranks this rank has been told of by this step; `dead`: the rank
+    itself has died (idle; its `knows_dead` is what the live ranks know together, §1.7).
     """
 
     num_tokens: int
@@ -41,16 +45,24 @@ class RankBatch:
     decode_query_len: int = 1
     allow_skip_drafts: bool = False
     scheduled_lens: tuple[int, ...] | None = None
+    knows_dead: tuple[int, ...] = ()
+    dead: bool = False
 
     @classmethod
     def from_query_lens(cls, query_lens: Sequence[int], allow_ubatching: bool = True,
                         decode_query_len: int = 1, allow_skip_drafts: bool = False,
-                        scheduled_lens: Sequence[int] | None = None) -> RankBatch:
+                        scheduled_lens: Sequence[int] | None = None,
+                        knows_dead: Sequence[int] = (), dead: bool = False) -> RankBatch:
         lens = tuple(query_lens)
         uniform = bool(lens) and all(q == lens[0] for q in lens) and lens[0] <= decode_query_len
         scheduled = None if scheduled_lens is None else tuple(scheduled_lens)
         return cls(sum(lens), len(lens), lens[0] if uniform else None, allow_ubatching, lens,
-                   decode_query_len, allow_skip_drafts, scheduled)
+                   decode_query_len, allow_skip_drafts, scheduled, tuple(sorted(knows_dead)),
+                   dead)
+
+    def with_deaths(self, knows_dead: Sequence[int], dead: bool = False) -> RankBatch:
+        """This batch with what the rank knows of dead ranks, and whether it is one (§1.7)."""
+        return replace(self, knows_dead=tuple(sorted(knows_dead)), dead=dead)
 
     def host_lens(self) -> tuple[int, ...]:
         """The host's query lengths under adaptive verification (vLLM's compact_batch): the
@@ -109,6 +121,10 @@ class RankBatch:
             data["allow_skip_drafts"] = True
         if self.scheduled_lens is not None:
             data["scheduled_lens"] = list(self.scheduled_lens)
+        if self.dead:  # a dead rank's knowledge is the live ranks' (§1.7): not written
+            data["dead"] = True
+        elif self.knows_dead:
+            data["knows_dead"] = list(self.knows_dead)
         return data
 
     @classmethod
@@ -123,12 +139,14 @@ class RankBatch:
                     max_tokens: int | None = None) -> RankBatch:
         """The rank of checked wire fields. A `tokens` count above `max_tokens` stays a count
         (not expanded into requests), for validate_batches to refuse."""
-        spec, allow, skip, scheduled = fields
+        spec, allow, skip, scheduled, knows_dead, dead = fields
         if isinstance(spec, int):
             if max_tokens is not None and spec > max_tokens:
-                return cls(spec, spec, 1, allow, None, decode_query_len, skip)
+                return cls(spec, spec, 1, allow, None, decode_query_len, skip, None,
+                           knows_dead, dead)
             spec = (1,) * spec
-        return cls.from_query_lens(spec, allow, decode_query_len, skip, scheduled)
+        return cls.from_query_lens(spec, allow, decode_query_len, skip, scheduled, knows_dead,
+                                   dead)
 
     def given_to(self, decode_query_len: int) -> RankBatch:
         """This rank's input under a config of `decode_query_len` (itself when it is already)."""
@@ -136,12 +154,13 @@ class RankBatch:
             return self
         return RankBatch.from_query_lens(self.request_query_lens(), self.allow_ubatching,
                                          decode_query_len, self.allow_skip_drafts,
-                                         self.scheduled_lens)
+                                         self.scheduled_lens, self.knows_dead, self.dead)
 
 
 # A rank's wire fields, checked: its `tokens` count or its `query_lens`; allow_ubatching,
-# allow_skip_drafts and scheduled_lens (None when absent).
-RankFields = tuple[int | tuple[int, ...], bool, bool, tuple[int, ...] | None]
+# allow_skip_drafts, scheduled_lens (None when absent), knows_dead and dead.
+RankFields = tuple[int | tuple[int, ...], bool, bool, tuple[int, ...] | None, tuple[int, ...],
+                   bool]
 
 
 def _int(value: Any, where: str) -> int:
@@ -165,7 +184,7 @@ def rank_fields(data: Any, where: str) -> RankFields:
     if not isinstance(data, dict):
         raise ConfigError(where, "must be an object with `tokens` or `query_lens`")
     unknown = set(data) - {"tokens", "query_lens", "allow_ubatching", "allow_skip_drafts",
-                           "scheduled_lens"}
+                           "scheduled_lens", "knows_dead", "dead"}
     if unknown:
         raise ConfigError(f"{where}.{sorted(unknown)[0]}", "is not a rank field")
     if ("tokens" in data) == ("query_lens" in data):
@@ -183,7 +202,18 @@ def rank_fields(data: Any, where: str) -> RankFields:
         if any(q < 1 for q in spec):
             raise ConfigError(f"{where}.query_lens", "holds a request with no tokens")
     allow = _flag(data, "allow_ubatching", True, where)
-    return spec, allow, _flag(data, "allow_skip_drafts", False, where), _scheduled(data, where)
+    return (spec, allow, _flag(data, "allow_skip_drafts", False, where), _scheduled(data, where),
+            _knows_dead(data, where), _flag(data, "dead", False, where))
+
+
+def _knows_dead(data: dict, where: str) -> tuple[int, ...]:
+    raw = data.get("knows_dead", [])
+    if not isinstance(raw, list):
+        raise ConfigError(f"{where}.knows_dead", "must be a list of DP ranks")
+    ranks = tuple(_int(r, f"{where}.knows_dead") for r in raw)
+    if len(set(ranks)) != len(ranks):
+        raise ConfigError(f"{where}.knows_dead", f"lists a rank twice: {list(ranks)}")
+    return ranks
 
 
 def _scheduled(data: dict, where: str) -> tuple[int, ...] | None:
@@ -203,7 +233,8 @@ def deciding_batch(batch: RankBatch, decode_query_len: int) -> RankBatch:
     if batch.num_tokens:
         return batch
     q = decode_query_len
-    return RankBatch(q, 1, q, batch.allow_ubatching, (q,), q, batch.allow_skip_drafts)
+    return RankBatch(q, 1, q, batch.allow_ubatching, (q,), q, batch.allow_skip_drafts,
+                     knows_dead=batch.knows_dead, dead=batch.dead)
 
 
 def dummy_query_lens(num_reqs: int, num_tokens: int) -> tuple[int, ...]:

@@ -177,3 +177,13 @@ class VerifySlices(enum.Enum):
     # vLLM 0.34.0's create_ubatch_slices: InputBatch.num_scheduled_tokens, the untrimmed upper
     # bound, so a microbatch's request slice can end before a request whose tokens it holds.
     UPPER_BOUND = "upper-bound"
+
+
+class DeadSet(enum.Enum):
+    """Under fault tolerance, which dead DP ranks a rank leaves out of the sync's agreements
+    (docs/spec.md §1.7, §7.25)."""
+
+    SHARED = "shared"  # every dead rank some live rank knows of, learnt through the sync
+    # vLLM 0.34.0's dp_utils: only those this rank was told of, so a survivor that learns
+    # later than another agrees over the dead rank's zero column while the other does not.
+    RANK_LOCAL = "rank-local"

@@ -32,7 +32,12 @@ from harness.config_parts import (
     UbatchProtocol,
     wire_value,
 )
-from harness.config_values import check_draft_schedule, check_spec_decoding, default_capture_sizes
+from harness.config_values import (
+    check_draft_schedule,
+    check_fault_tolerance,
+    check_spec_decoding,
+    default_capture_sizes,
+)
 from harness.data_file import read_data_file
 from harness.errors import ConfigError
 from harness.vllm_code.source import check_vllm_code_fields
@@ -172,6 +177,7 @@ class HarnessConfig:
         self._validate_types()
         check_spec_decoding(s.decode_query_len, s.varlen_decode, self.use_ubatching, s.release)
         check_draft_schedule(s.draft_schedule, s.decode_query_len, s.max_num_reqs, s.release)
+        check_fault_tolerance(s.fault_tolerance, s.release, s.dp_size)
         self._validate_capture_sizes()
         if self.use_ubatching:
             self._validate_microbatching()
@@ -298,7 +304,8 @@ _OMITTED_WHEN_DEFAULT = ("vllm_src", "vllm_patches", "differential_against_base"
                          "decode_query_len", "varlen_decode", "query_len_bound", "execution",
                          "switch_to_compute", "continuation", "lookback_refresh", "idle_step",
                          "dummy_execution", "draft_sync_state", "replay_tag", "ids_gather_wait",
-                         "staging_restore", "staging_vote", "draft_schedule", "verify_slices")
+                         "staging_restore", "staging_vote", "draft_schedule", "verify_slices",
+                         "fault_tolerance", "dead_set")
 
 
 def config_kwargs(data: dict[str, Any]) -> dict[str, Any]:

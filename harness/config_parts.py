@@ -17,6 +17,7 @@ from harness.bug_switches import (
     CaptureKey,
     CaptureOn,
     Continuation,
+    DeadSet,
     DraftSyncState,
     DummyExecution,
     DummyPadding,
@@ -136,6 +137,7 @@ PARSERS: dict[str, Callable[[Any, str], Any]] = {
     "draft_sync_state": _enum(DraftSyncState), "replay_tag": _enum(ReplayTag),
     "ids_gather_wait": _enum(IdsGatherWait), "release": _enum(Release),
     "draft_schedule": _draft_schedule, "verify_slices": _enum(VerifySlices),
+    "dead_set": _enum(DeadSet),
 }
 
 
@@ -181,6 +183,9 @@ class Serving:
     draft_schedule: tuple[tuple[int, int], ...] | None = None
     all2all_backend: All2AllBackend = All2AllBackend.LOW_LATENCY
     release: Release = Release.V0_34
+    # vLLM's enable_fault_tolerance (0.34): a DP rank may die mid-run; the survivors leave
+    # the dead ranks' columns out of the sync's agreements once they learn (§1.7).
+    fault_tolerance: bool = False
     # The GPU suite's world of one rank (one GPU): microbatching with dp_size 1, whose
     # all-to-all is a size-one NCCL op. Allowed nowhere else.
     single_rank_gpu_world: bool = False
@@ -250,6 +255,8 @@ class Mutation:
     ids_gather_wait: IdsGatherWait = _switch(IdsGatherWait.AFTER_ROUTING)
     # Under adaptive verification: what the split counts requests by (§7.24).
     verify_slices: VerifySlices = _switch(VerifySlices.ACTUAL, EXECUTION)
+    # Under fault tolerance: which dead ranks a rank leaves out of the agreements (§7.25).
+    dead_set: DeadSet = _switch(DeadSet.SHARED, DECISION)
 
     def __post_init__(self) -> None:
         _parse_fields(self)

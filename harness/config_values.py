@@ -103,6 +103,18 @@ def check_spec_decoding(decode_query_len: Any, varlen_decode: Any, use_ubatching
                           "serve speculative decoding's adaptive verification)")
 
 
+def check_fault_tolerance(fault_tolerance: Any, release: Release, dp_size: int) -> None:
+    """Dead DP ranks only where the release's DP sync knows of them (0.34), and only with a
+    rank left to survive one (docs/spec.md §1.7)."""
+    if not isinstance(fault_tolerance, bool):
+        raise ConfigError("fault_tolerance", f"must be true or false, got {fault_tolerance!r}")
+    if fault_tolerance and not release.dead_dp_ranks:
+        raise ConfigError("fault_tolerance", f"vLLM {release.value}'s DP sync has no dead "
+                          "ranks to leave out: use release 0.34")
+    if fault_tolerance and dp_size < 2:
+        raise ConfigError("fault_tolerance", f"needs dp_size >= 2 (a survivor), not {dp_size}")
+
+
 def check_draft_schedule(schedule: Any, decode_query_len: int, max_num_reqs: int,
                          release: Release) -> None:
     """Dynamic speculative decoding's (q, most requests) pairs (docs/spec.md §1.6): 0.34 only,

@@ -31,6 +31,7 @@ class CheckerName(StrEnum):
     DISPATCH_CAPACITY = "dispatch_capacity"
     FRESH_RECEIVE = "fresh_receive"
     TOKENS_IN_THEIR_REQUESTS = "tokens_in_their_requests"  # harness/check/token_cover.py
+    DEAD_SLOTS_LEFT_OUT = "dead_slots_left_out"  # harness/check/dead_slots.py
     # steps on vLLM's own execution code (harness/check/vllm_exec.py)
     UBATCHING_STATE = "ubatching_state"
     RECV_BEFORE_READ = "recv_before_read"

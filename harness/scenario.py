@@ -25,6 +25,7 @@ from harness.batch import RankBatch, rank_fields, validate_batches
 from harness.config import FLAT_FIELDS, Execution, HarnessConfig, config_kwargs
 from harness.config_values import check_seconds
 from harness.data_file import read_data_file
+from harness.dead_ranks import check_deaths, steps_without_rank, with_silent_members
 from harness.errors import ConfigError
 from harness.faults import SLEEPING_FAULTS, VLLM_EXEC_FAULTS, Fault, FaultKind
 from harness.invariants import CheckerName
@@ -117,7 +118,7 @@ class Scenario:
         elif offset_rank == rank:
             data["config"]["threshold_offset_rank"] = None
         config = HarnessConfig.of(**config_kwargs(data["config"]))
-        steps = tuple(ranks[:rank] + ranks[rank + 1:] for ranks in self.steps)
+        steps = steps_without_rank(config, self.steps, rank)
         faults = tuple(replace(f, rank=f.rank - (f.rank > rank)) for f in self.faults
                        if f.rank != rank)
         return replace(self, config=config, steps=steps, faults=faults)
@@ -135,7 +136,7 @@ class Scenario:
             lens.pop()
         old = ranks[rank]
         shorter = RankBatch.from_query_lens(lens, old.allow_ubatching, old.decode_query_len,
-                                            old.allow_skip_drafts)
+                                            old.allow_skip_drafts, knows_dead=old.knows_dead)
         steps = list(self.steps)
         steps[step] = ranks[:rank] + (shorter,) + ranks[rank + 1:]
         return replace(self, steps=tuple(steps))
@@ -281,7 +282,8 @@ def _built_steps(config: HarnessConfig, parsed) -> tuple[tuple[RankBatch, ...], 
             validate_batches(config, built)
         except ConfigError as exc:
             raise ConfigError(f"steps[{i}].{exc.field}", exc.message) from None
-        steps.append(built)
+        steps.append(with_silent_members(built))
+    check_deaths(config, steps)
     return tuple(steps)
 
 

@@ -18,6 +18,7 @@ LAYERS = (
     "vllm_code",  # vLLM's source as data: diffs, patch descriptors, which vLLM a tree is
     "bug_switches", "config_values", "config_parts", "config",  # plain data and rules
     "timeouts", "batch", "faults", "invariants",  # invariants: the checkers by name
+    "dead_ranks",  # which DP ranks died, and who was told, across a scenario's steps
     "runtime",  # collectives, streams, graphs, the microbatch thread ring
     "model",  # the miniature MoE and its single-process reference
     "scenario",  # one replayable case

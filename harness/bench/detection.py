@@ -78,6 +78,9 @@ def detection_rows(world: str, seeds: list[int], budget_s: float,
         dp_sizes = SIM_DP_SIZES if nproc is None else (nproc,)
         with WorldPool(world, "gloo", FUZZ_TIMEOUTS, nproc) as pool:
             rows += [_row(world, variant, pool, dp_sizes, seeds, budget_s, column=column)
+                     if variant.fits(dp_sizes) is None else
+                     DetectionRow(world, variant.name, (), (), skipped=variant.fits(dp_sizes),
+                                  column=column)
                      for variant in planted for column in columns]
     if slips:
         rows += vllm_slip_rows(world, seeds, budget_s, slips, columns)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.config import DecisionSystem, HarnessConfig
+from harness.dead_ranks import dead_at, known_dead
 from harness.history.decision import StepPlan
 from harness.history.records import Route, Rows, rows_of
 from harness.model.reference import reference_step
@@ -40,6 +41,16 @@ class ReferenceRows:
     base_plans: tuple[StepPlan, ...] | None = None
     # Per rank, the step's input: its requests' query lengths, in batch order.
     query_lens: tuple[tuple[int, ...], ...] = ()
+    # Under fault tolerance (§1.7): the ranks dead at this step, those some live rank was told
+    # of, and where one is told of, per rank the spec's plan with every dead column kept.
+    dead: tuple[int, ...] = ()
+    known_dead: tuple[int, ...] = ()
+    plans_keeping_dead: tuple[StepPlan, ...] | None = None
+
+    @property
+    def plans_over_live_columns(self) -> tuple[StepPlan, ...] | None:
+        """The plans a rank that leaves every known dead column out makes."""
+        return self.plans if self.plans is not None else self.spec_plans
 
 
 @dataclass(frozen=True)
@@ -80,13 +91,18 @@ def reference_rows(scenario: Scenario,
         # shares no code with it (invariant 29 of docs/spec.md §8).
         expected = (tuple(spec_plans(config, batches))
                     if config.system.sut is DecisionSystem.HARNESS else None)
+        told = known_dead(batches)
+        keeping = (tuple(spec_plans(config, [b.with_deaths((), b.dead) for b in batches]))
+                   if told else None)
         rows.append(ReferenceRows(tuple(r.outputs for r in ranks),
                                   tuple(r.state for r in ranks),
                                   tuple(tuple(sorted(route for r in ranks
                                                      for route in r.routes[dest]))
                                         for dest in range(config.serving.dp_size)),
                                   matched.plans, expected, matched.base_plans,
-                                  tuple(b.request_query_lens() for b in batches)))
+                                  tuple(b.request_query_lens() for b in batches),
+                                  tuple(sorted(dead_at(batches))), tuple(sorted(told)),
+                                  keeping))
     return rows
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from harness.check import (
     checkers,
+    dead_slots,
     execution,
     startup,
     stream_order,
@@ -99,6 +100,13 @@ def _spec_decision(s: StepInputs) -> Judgement:
                      lambda plans: checkers.check_spec_decision(s.records, plans))
 
 
+def _dead_slots(s: StepInputs) -> Judgement:
+    ref = s.reference
+    return dead_slots.check_dead_slots_left_out(s.records, ref.dead, ref.known_dead,
+                                                ref.plans_over_live_columns,
+                                                ref.plans_keeping_dead)
+
+
 def _startup(judge: Callable[[Sequence[StartupRecord]], Judgement]) -> Callable[..., Judgement]:
     return lambda s: judge(s.records)
 
@@ -137,6 +145,7 @@ REGISTRY: tuple[Checker, ...] = (
     Checker(N.TOKENS_IN_THEIR_REQUESTS, Phase.STEP,
             lambda s: token_cover.check_tokens_in_their_requests(s.records,
                                                                  s.reference.query_lens)),
+    Checker(N.DEAD_SLOTS_LEFT_OUT, Phase.STEP, _dead_slots),
     Checker(N.UBATCHING_STATE, Phase.STEP, _records(vllm_exec.check_ubatching_state)),
     Checker(N.RECV_BEFORE_READ, Phase.STEP, _records(vllm_exec.check_recv_before_read)),
     # Each rank's order is its own: a race is named even beside a rank that left no record.

@@ -125,6 +125,22 @@ def chosen_variants(args: argparse.Namespace) -> list[Variant]:
     return [SUT_VARIANTS[args.sut]]
 
 
+def fitting_variants(variants: list[Variant], dp_sizes: tuple[int, ...],
+                     every: bool) -> list[Variant]:
+    """The variants a world of `dp_sizes` can show: under `--variant all` the others are
+    skipped, each with its reason; one named alone is bad input (it could never be found)."""
+    kept = []
+    for variant in variants:
+        why = variant.fits(dp_sizes)
+        if why is None:
+            kept.append(variant)
+        elif every:
+            print(f"skipped: {why}", flush=True)
+        else:
+            raise ConfigError("nproc", why)
+    return kept
+
+
 def exec_variants(args: argparse.Namespace) -> list[Variant]:
     """`--exec vllm`: with `--sut vllm` a hunt for each failure class of vLLM's microbatch
     threads under faults; with the harness's decisions, a fault-free search."""
@@ -248,6 +264,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         return run_jobs(args, [v.name for v in variants], budget)
     nproc = args.nproc if args.nproc is not None else (None if args.world == "sim" else 2)
     dp_sizes = (nproc,) if nproc is not None else SIM_DP_SIZES
+    variants = fitting_variants(variants, dp_sizes, args.variant == "all")
     profile = args.profile or profile_from_environment()
     outcomes = []
     uses_vllm = any(HarnessConfig.of(**{**fixed, **dict(v.changes)}).uses_vllm for v in variants)

@@ -11,7 +11,8 @@ from harness.faults import FaultKind
 from harness.fuzz.variants import VARIANTS, Variant
 
 # The bug: what is planted, where, and the checkers that name it. Kept from the variant.
-BUG_FIELDS = ("name", "summary", "mutation", "under_test", "caught_by", "min_steps")
+BUG_FIELDS = ("name", "summary", "mutation", "under_test", "caught_by", "min_steps",
+              "min_ranks")
 # Steering: how the search narrows toward the bug. Taken from the reference.
 STEERING_FIELDS = ("ubatch_counts", "fault_kinds", "fault_every", "drafts_every", "hunt")
 # Partly the bug: only their entries naming the system under test or a bug switch are kept.
@@ -28,7 +29,8 @@ def unsteered(variant: Variant, reference: Variant = REFERENCE) -> Variant:
     `drawn` that are Mutation fields (asymmetric-candidates draws its mutation: without them
     nothing is planted); `caught_by` (the checkers detection judges by; the search draws
     nothing from it, it only names the checker reported when several fail on one example);
-    `name`, `summary`; `min_steps` (what the shrunk failure should be; the search reads none).
+    `name`, `summary`; `min_steps`, `min_ranks` (what the shrunk failure needs; the search
+    reads neither).
 
     Steering, the reference's: `ubatch_counts`, `drafts_every`, the config fields `drawn`
     narrows (graph modes, capture sizes, drafts), `fault_kinds` and `fault_every` (a

@@ -43,6 +43,15 @@ class Variant:
     hunt: tuple[str, ...] | None = None
     # The fewest steps that show it: a bug of state carried from step to step needs two.
     min_steps: int = 1
+    # The fewest DP ranks that show it: two survivors told apart need three (§7.25).
+    min_ranks: int = 2
+
+    def fits(self, dp_sizes: tuple[int, ...]) -> str | None:
+        """Why a search over `dp_sizes` cannot show this bug, or None when it can."""
+        if max(dp_sizes) >= self.min_ranks:
+            return None
+        return (f"{self.name} needs {self.min_ranks} DP ranks; this search has "
+                f"{max(dp_sizes)}")
 
     @property
     def is_reference(self) -> bool:
@@ -206,6 +215,11 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
             # Drafts exist only with microbatching off.
             drawn=(("enable_dbo", st.just(False)), ("ubatch_size", st.just(0)),
                    ("decode_query_len", st.integers(2, 4)))),
+    Variant("dead-set-rank-local", "vllm 0.34.0's DP sync under fault tolerance leaves out "
+            "only the dead ranks this rank was told of: a survivor told later than another "
+            "agrees over the dead rank's zero column (an eager vote, no tokens)",
+            mutation=Mutation(dead_set="rank-local"), setting=(("fault_tolerance", True),),
+            caught_by=("dead_slots_left_out",), min_ranks=3),
     Variant("verify-slices-upper-bound", "vllm 0.34.0's create_ubatch_slices under adaptive "
             "verification: requests are cut by the untrimmed scheduled counts, so a "
             "microbatch's request slice can end before a request whose tokens it runs "
@@ -231,8 +245,8 @@ SUT_VARIANTS: dict[str, Variant] = {v.name: v for v in (
             setting=(("sut", "vllm"),), under_test=("sut",),
             # differential_base first: with --differential-against base, a decision a fix
             # was not meant to change is named as such (differential fails there too).
-            caught_by=("differential_base", "no_empty_region", "differential",
-                       "captured_split", "graphs_reachable"), drafts_every=8),
+            caught_by=("differential_base", "no_empty_region", "dead_slots_left_out",
+                       "differential", "captured_split", "graphs_reachable"), drafts_every=8),
 )}
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 from harness.batch import RankBatch, deciding_batch
 from harness.config import CudaGraphMode, HarnessConfig, Mutation
+from harness.dead_ranks import known_dead
 from harness.gen.aim import reference_plans
 from harness.history.decision import StepPlan
 from harness.scenario import Scenario
@@ -154,6 +155,17 @@ def trims_drafts_in_split(scenario: Scenario) -> bool:
                for batches, plans in _steps(scenario))
 
 
+def loses_a_rank(scenario: Scenario) -> bool:
+    """A DP rank dies and some survivor is told of it (§1.7)."""
+    return any(known_dead(batches) for batches in scenario.steps)
+
+
+def told_at_different_steps(scenario: Scenario) -> bool:
+    """A step where one survivor has been told of a death and another has not (§7.25)."""
+    return any(any(b.knows_dead != told for b in batches if not b.dead)
+               for batches in scenario.steps if (told := tuple(sorted(known_dead(batches)))))
+
+
 def has_fault(scenario: Scenario) -> bool:
     """A scenario carrying a fault (the nemesis)."""
     return bool(scenario.faults)
@@ -179,6 +191,8 @@ FIELDS: tuple[Field, ...] = (
     Field("draft schedule", "several decode query lengths (dynamic drafts)", has_draft_schedule),
     Field("trimmed drafts", "a rank's drafts trimmed to a budget, in a split step",
           trims_drafts_in_split),
+    Field("dead rank", "a DP rank dies and a survivor is told (fault tolerance)", loses_a_rank),
+    Field("told apart", "survivors told of a death at different steps", told_at_different_steps),
 )
 
 

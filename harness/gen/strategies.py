@@ -18,6 +18,7 @@ from harness.config import All2AllBackend, CudaGraphMode, Guard, HarnessConfig, 
 from harness.errors import ConfigError
 from harness.faults import Fault, FaultKind
 from harness.gen.aim import steps_with_microbatch_threads
+from harness.gen.deaths import deaths
 from harness.gen.drafts import (
     DRAFT_LAYOUTS,
     decode_beside_prefill,
@@ -117,6 +118,9 @@ def fuzz_configs(draw, fixed: Mapping[str, Any] | None = None, *,
     if release.request_keyed_decode:
         fields["draft_schedule"] = pick("draft_schedule", draft_schedules(
             fields.get("decode_query_len", 1), fields["max_num_reqs"]))
+        # One config in three may lose a DP rank (§1.7); the simplest keeps every rank.
+        fields["fault_tolerance"] = pick("fault_tolerance", st.integers(0, 2).map(
+            lambda v: v == 2))
     fields.update(_thresholds_and_backend(pick, k, mode))
     for name, strategy in drawn.items():
         fields[name] = pick(name, strategy)
@@ -400,4 +404,6 @@ def scenarios(draw, config_strategy: st.SearchStrategy[HarnessConfig], *,
     if fault_kinds and draw(st.integers(0, fault_every - 1)) == fault_every - 1:
         threaded = steps_with_microbatch_threads(config, drawn)
         planted = draw(faults(config, len(ranks), fault_kinds, threaded))
+    if not planted:  # a fault on a dead rank's silent member would test the stand-in
+        ranks = draw(deaths(config, ranks))
     return Scenario(config, tuple(ranks), planted, name=name)

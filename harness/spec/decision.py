@@ -265,9 +265,17 @@ def spec_plans(config: HarnessConfig, batches: Sequence[RankBatch]) -> list[Step
     deciding = [b if b.num_tokens else RankBatch(q, 1, q, b.allow_ubatching, (q,), q,
                                                  b.allow_skip_drafts) for b in batches]
     tokens, votes, ucts, max_query_lens, allows, reqs = [], [], [], [], [], []
+    # §1.7: a dead rank writes nothing (its column reads zero); every rank leaves out the
+    # columns of the dead ranks any live rank was told of.
+    told = {d for b in batches if not b.dead for d in b.knows_dead}
+    live = [r for r in range(len(batches)) if r not in told]
     # §1.6: drafts are skipped only when every rank allows it.
-    skip = all(b.allow_skip_drafts for b in deciding)
-    for batch in deciding:
+    skip = all(deciding[r].allow_skip_drafts and not batches[r].dead for r in live)
+    for rank, batch in enumerate(deciding):
+        if batches[rank].dead:
+            for column in (tokens, votes, ucts, max_query_lens, allows, reqs):
+                column.append(0)
+            continue
         tokens.append(batch.num_tokens)
         votes.append(dispatch(config, table, batch.num_reqs, batch.num_tokens,
                               batch.uniform_token_count, batch.max_query_len).cg_mode.value)
@@ -277,10 +285,16 @@ def spec_plans(config: HarnessConfig, batches: Sequence[RankBatch]) -> list[Step
         reqs.append(batch.num_reqs)
     plans = []
     for rank, batch in enumerate(batches):
-        desc, state = decide(config, table, deciding[rank], tokens, votes, ucts,
-                             max_query_lens, allows, reqs)
+        desc, state = decide(config, table, deciding[rank],
+                             *([column[r] for r in live] for column in
+                               (tokens, votes, ucts, max_query_lens, allows, reqs)))
         if state is not None:
             state = replace(state, skip_drafts=skip)
+        if state is not None and told:  # §1.7: the counts returned keep every slot
+            unsplit_eager = desc.cg_mode is NONE and desc.num_ubatches == 1
+            state = replace(state, num_tokens_across_dp=tuple(tokens) if unsplit_eager
+                            else (desc.num_tokens,) * len(tokens),
+                            staged_tokens=state.staged_tokens and tuple(tokens))
         plans.append(pad_and_split(config, rank, batch, desc, state))
     return plans
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from harness.batch import RankBatch, deciding_batch
-from harness.bug_switches import DraftSyncState, QueryLenBound, UbatchVote
+from harness.bug_switches import DeadSet, DraftSyncState, QueryLenBound, UbatchVote
 from harness.config import CudaGraphMode, HarnessConfig
 from harness.history.decision import DpSyncState, GraphDescriptor
 from harness.runtime.comm import CollectiveLog, all_reduce_sum
@@ -29,6 +29,12 @@ ROW_TOKENS, ROW_CG_MODE, ROW_UCT, ROW_ALLOW_UBATCH, ROW_NUM_REQS = 0, 1, 2, 4, 5
 NUM_ROWS = 7
 
 
+def rows_of(config: HarnessConfig) -> int:
+    """The matrix's rows: under fault tolerance one more per rank, row NUM_ROWS + d holding
+    in column r whether rank r has been told rank d is dead (docs/spec.md §1.7)."""
+    return NUM_ROWS + (config.serving.dp_size if config.serving.fault_tolerance else 0)
+
+
 @dataclass(frozen=True)
 class SyncDecision:
     desc: GraphDescriptor
@@ -37,21 +43,46 @@ class SyncDecision:
 
 def local_column(table: GraphTable, batch: RankBatch) -> tuple[int, ...]:
     """This rank's column: tokens, graph-mode vote, uct, max query len (-1: a prefill), allow,
-    requests, skip-drafts vote (an idle rank's from its dummy batch)."""
-    batch = deciding_batch(batch, table.config.serving.decode_query_len)
+    requests, skip-drafts vote (an idle rank's from its dummy batch); under fault tolerance,
+    the dead ranks it knows of. A dead rank writes nothing: its column reads zero."""
+    config = table.config
+    if batch.dead:
+        return (0,) * rows_of(config)
+    batch = deciding_batch(batch, config.serving.decode_query_len)
     vote = table.dispatch(batch.num_reqs, batch.num_tokens, batch.uniform_token_count,
                           batch.max_query_len).cg_mode
     max_query_len = batch.max_query_len
+    told = tuple(int(d in batch.knows_dead) for d in range(rows_of(config) - NUM_ROWS))
     return (batch.num_tokens, vote.value, batch.uniform_token_count or 0,
             -1 if max_query_len is None else max_query_len, int(batch.allow_ubatching),
-            batch.num_reqs, int(batch.allow_skip_drafts))
+            batch.num_reqs, int(batch.allow_skip_drafts), *told)
+
+
+def dead_left_out(config: HarnessConfig, rows: Sequence[Sequence[int]],
+                  batch: RankBatch) -> frozenset[int]:
+    """The ranks whose columns this rank leaves out of the agreements: every dead rank a
+    live rank was told of, as the matrix shares it; with dead_set rank-local (vLLM 0.34.0,
+    §7.25) only those this rank was told of itself."""
+    if config.mutation.dead_set is DeadSet.RANK_LOCAL:
+        return frozenset(batch.knows_dead)
+    return frozenset(d for d, told in enumerate(rows[NUM_ROWS:]) if any(told))
+
+
+def live_rows(config: HarnessConfig, rows: Sequence[Sequence[int]],
+              batch: RankBatch) -> list[list[int]]:
+    """The seven agreement rows over the columns this rank agrees over (§1.7)."""
+    left_out = dead_left_out(config, rows, batch)
+    return [[v for r, v in enumerate(row) if r not in left_out] for row in rows[:NUM_ROWS]]
 
 
 def decide_from_matrix(config: HarnessConfig, table: GraphTable,
                        rows: Sequence[Sequence[int]], batch: RankBatch) -> SyncDecision:
     """The decision of one rank from the gathered matrix and its own (or dummy) batch."""
     batch = deciding_batch(batch, config.serving.decode_query_len)
-    tokens, votes, ucts, max_query_lens, allows, reqs, skips = (list(r) for r in rows)
+    # The returned token counts keep every rank's slot, a dead one's too (§1.7).
+    width = config.serving.dp_size
+    full_tokens = tuple(rows[ROW_TOKENS])
+    tokens, votes, ucts, max_query_lens, allows, reqs, skips = live_rows(config, rows, batch)
     local_uct = batch.uniform_token_count or 0
     synced_uct = ucts[0] if ucts[0] != 0 and all(u == ucts[0] for u in ucts) else None
     skip_drafts = all(s == 1 for s in skips)
@@ -61,12 +92,13 @@ def decide_from_matrix(config: HarnessConfig, table: GraphTable,
         min_tokens = min(tokens)
         if ubatch_thresholds_met(config, min_tokens, uniform_decode) and not (
                 opts_out_alone(config, batch)):
-            return _microbatched(config, table, tokens, reqs, batch, synced_uct, skip_drafts)
+            return _microbatched(config, table, tokens, reqs, batch, synced_uct, skip_drafts,
+                                 full_tokens)
 
     synced_mode = CudaGraphMode(min(votes))
     if synced_mode is CudaGraphMode.NONE:
         desc = GraphDescriptor(CudaGraphMode.NONE, batch.num_tokens, batch.num_reqs)
-        state = DpSyncState(tuple(tokens), synced_uct, eager=True, num_reqs=max(reqs),
+        state = DpSyncState(full_tokens, synced_uct, eager=True, num_reqs=max(reqs),
                             skip_drafts=skip_drafts)
         return SyncDecision(desc, drafter_state(config, state, batch))
     # Varlen decode graphs are chosen by the bound, so every rank dispatches with the synced
@@ -76,7 +108,7 @@ def decide_from_matrix(config: HarnessConfig, table: GraphTable,
         synced_max_query_len = batch.max_query_len  # the slip of §7.17
     desc = table.dispatch(batch.num_reqs, max(tokens), synced_uct, synced_max_query_len)
     num_reqs = desc.num_reqs if desc.cg_mode is CudaGraphMode.FULL else max(reqs)
-    state = DpSyncState((desc.num_tokens,) * len(tokens), synced_uct, eager=False,
+    state = DpSyncState((desc.num_tokens,) * width, synced_uct, eager=False,
                         num_reqs=num_reqs, skip_drafts=skip_drafts)
     return SyncDecision(desc, drafter_state(config, state, batch))
 
@@ -98,7 +130,8 @@ def opts_out_alone(config: HarnessConfig, batch: RankBatch) -> bool:
 
 
 def _microbatched(config: HarnessConfig, table: GraphTable, tokens: list[int], reqs: list[int],
-                  batch: RankBatch, synced_uct: int | None, skip_drafts: bool) -> SyncDecision:
+                  batch: RankBatch, synced_uct: int | None, skip_drafts: bool,
+                  full_tokens: tuple[int, ...]) -> SyncDecision:
     # Once the threshold holds on the minimum the step is always split k ways; the only
     # choice left is a FULL twin graph or an eager microbatched run.
     k = config.num_ubatches
@@ -119,16 +152,17 @@ def _microbatched(config: HarnessConfig, table: GraphTable, tokens: list[int], r
     if desc.cg_mode is CudaGraphMode.FULL:
         assert desc.num_reqs is not None, "a FULL graph always pads requests"
         num_reqs = desc.num_reqs
-    state = DpSyncState((desc.num_tokens,) * len(tokens), synced_uct,
+    state = DpSyncState((desc.num_tokens,) * len(full_tokens), synced_uct,
                         eager=desc.cg_mode is CudaGraphMode.NONE, num_reqs=num_reqs,
-                        skip_drafts=skip_drafts, staged_tokens=tuple(tokens) if staged else None)
+                        skip_drafts=skip_drafts,
+                        staged_tokens=full_tokens if staged else None)
     return SyncDecision(desc, state)
 
 
 def sync_dp(group, config: HarnessConfig, table: GraphTable, rank: int, batch: RankBatch,
             timeout_s: float, log: CollectiveLog | None = None) -> SyncDecision:
     """Run the DP sync for this rank over `group` (a gloo process group of dp_size ranks)."""
-    matrix = torch.zeros(NUM_ROWS, config.serving.dp_size, dtype=torch.int32)
+    matrix = torch.zeros(rows_of(config), config.serving.dp_size, dtype=torch.int32)
     matrix[:, rank] = torch.tensor(local_column(table, batch), dtype=torch.int32)
     all_reduce_sum(group, matrix, timeout_s, log)
     return decide_from_matrix(config, table, matrix.tolist(), batch)

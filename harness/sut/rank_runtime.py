@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import torch
 
-from harness.batch import RankBatch, deciding_batch
+from harness.batch import RankBatch, deciding_batch, dummy_query_lens
 from harness.bug_switches import DummyExecution, DummyPadding, EagerSlices, IdleStep, VerifySlices
 from harness.config import CudaGraphMode, HarnessConfig
 from harness.faults import Fault, FaultKind, InjectedFault
@@ -160,6 +160,8 @@ class RankRuntime:
             plan = decide_under_rank_faults(self, batch, faults)
             plan_ran = self._dummy_eager(self._dummy_unpadded(plan, batch), batch)
             desc = plan_ran.desc
+            if batch.dead:  # the silent member's padding, laid out as its peers' (dead_ranks)
+                lens = dummy_query_lens(plan_ran.num_reqs, plan_ran.num_tokens)
             captured = (self.manager.lookup(desc) if desc.cg_mode is CudaGraphMode.FULL
                         else None)
             if captured is not None:

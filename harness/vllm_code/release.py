@@ -23,3 +23,8 @@ class Release(enum.Enum):
     def spec_decode_with_dbo(self) -> bool:
         """0.34 lets speculative decoding run microbatched; 0.33 refuses it (§1.6)."""
         return self is Release.V0_34
+
+    @property
+    def dead_dp_ranks(self) -> bool:
+        """0.34's DP sync leaves dead ranks' columns out under fault tolerance (§1.7)."""
+        return self is Release.V0_34

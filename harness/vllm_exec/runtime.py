@@ -217,7 +217,8 @@ class VllmExecRuntime:
                 self.fence.check()  # a device held by a stuck collective takes no new work
             plan = decide_under_rank_faults(self, batch, faults)
             with torch.inference_mode():  # as vLLM's worker runs execute_model
-                ran = self._execute(plan, requests, batch.num_tokens, batch)
+                ran = self._execute(silent_member_view(plan, batch), requests,
+                                    batch.num_tokens, batch)
         except BaseException as exc:  # reported in the record
             error = error_of(exc)
         finally:
@@ -356,6 +357,20 @@ def _for_rank(configs, rank: int):
     parallel = copy.deepcopy(configs.parallel_config)
     parallel.data_parallel_rank = rank
     return dataclasses.replace(configs, parallel_config=parallel)
+
+
+def silent_member_view(plan, batch: RankBatch):
+    """The plan a dead rank's silent member runs (harness/dead_ranks.py): where nothing was
+    padded its own slot reads 0 to the live ranks, while it runs its dummy batch, which
+    vLLM's forward context checks against that slot; it reads what the member runs."""
+    state = plan.state
+    if not batch.dead or state is None or state.num_tokens_across_dp[plan.rank] == \
+            plan.num_tokens:
+        return plan
+    across = list(state.num_tokens_across_dp)
+    across[plan.rank] = plan.num_tokens
+    return dataclasses.replace(plan, state=dataclasses.replace(
+        state, num_tokens_across_dp=tuple(across)))
 
 
 def _across_dp(state) -> torch.Tensor:

@@ -40,6 +40,7 @@ _HARNESS_FIELD = {
     "max_num_batched_tokens": "max_num_batched_tokens",
     "cudagraph_mode": "cudagraph_mode",
     "cudagraph_capture_sizes": "capture_sizes",
+    "enable_fault_tolerance": "fault_tolerance",
 }
 
 
@@ -118,6 +119,8 @@ def vllm_configs(config: HarnessConfig) -> VllmConfigSlice:
         dbo_decode_token_threshold=config.serving.decode_threshold,
         dbo_prefill_token_threshold=config.serving.prefill_threshold,
         all2all_backend=config.serving.all2all_backend.value,
+        # Only where asked: 0.33's ParallelConfig has no such field (it is refused there).
+        **({"enable_fault_tolerance": True} if config.serving.fault_tolerance else {}),
     )
     scheduler = _build(
         "max_num_batched_tokens", SchedulerConfig.default_factory,

@@ -24,11 +24,15 @@ class _AllReduceReached(Exception):  # a control-flow signal, not an error
         self.tensor = tensor
 
 
+@dataclass(frozen=True)
 class _StopAtAllReduce:
-    """Stands in for the DP group: takes the rank's matrix and stops the sync there."""
+    """Stands in for the DP group: takes the rank's matrix and stops the sync there; a dead
+    rank's is zeros (harness/dead_ranks.py)."""
+
+    silent: bool = False
 
     def cpu_all_reduce_(self, tensor: torch.Tensor) -> torch.Tensor:
-        raise _AllReduceReached(tensor.clone())
+        raise _AllReduceReached(torch.zeros_like(tensor) if self.silent else tensor.clone())
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,7 @@ class _SummedAlready:
     """Stands in for the DP group: the all-reduce's result is known, it is copied in."""
 
     total: torch.Tensor
+    dead_dp_ranks: frozenset[int] = frozenset()  # what this rank was told of (§1.7)
 
     def cpu_all_reduce_(self, tensor: torch.Tensor) -> torch.Tensor:
         tensor.copy_(self.total)
@@ -46,7 +51,7 @@ class _SummedAlready:
 def contribution(config: HarnessConfig, rank: int, batch: RankBatch) -> torch.Tensor:
     """What this rank puts into vLLM's all-reduce for `batch` (zeros outside its column)."""
     try:
-        sync_with(_StopAtAllReduce(), config, rank, batch)
+        sync_with(_StopAtAllReduce(batch.dead), config, rank, batch)
     except _AllReduceReached as reached:
         return reached.tensor
     raise RuntimeError(f"vLLM's sync for rank {rank} returned without an all-reduce "
@@ -57,6 +62,6 @@ def vllm_plans_without_world(config: HarnessConfig,
                              batches: Sequence[RankBatch]) -> list[StepPlan]:
     """Every rank's plan, as vLLM's code for `config` makes it, with no process group."""
     total = sum(contribution(config, rank, b) for rank, b in enumerate(batches))
-    stand_in = _SummedAlready(total)
-    return [plan_step(config, rank, b, sync_with(stand_in, config, rank, b))
+    return [plan_step(config, rank, b,
+                      sync_with(_SummedAlready(total, frozenset(b.knows_dead)), config, rank, b))
             for rank, b in enumerate(batches)]

@@ -34,11 +34,17 @@ class DpGroupStandIn:
     cpu_group: Any
     cpu_timeout: timedelta
     log: CollectiveLog | None = None
-    # 0.34's fault tolerance drops these columns before agreeing; no rank is dead here.
+    # 0.34's fault tolerance drops these columns before agreeing: the ones this rank was told
+    # of (vLLM's sentinel sets them on GroupCoordinator.dead_dp_ranks, docs/spec.md §1.7).
     dead_dp_ranks: frozenset[int] = frozenset()
+    # A dead rank, kept in the world's rings as a silent member: it contributes zeros, as its
+    # slot reads in the group vLLM rebuilds over the survivors.
+    silent: bool = False
 
     def cpu_all_reduce_(self, tensor: torch.Tensor) -> torch.Tensor:
         # vLLM's own low-latency CPU all-reduce (gloo send/recv), bounded by the timeout.
+        if self.silent:
+            tensor.zero_()
         if self.log is not None:
             self.log.add_tensor("all_reduce", tensor)
         try:
@@ -106,8 +112,9 @@ def vllm_check_ubatch_thresholds(config: HarnessConfig, num_tokens: int,
 def vllm_sync(group, config: HarnessConfig, rank: int, batch: RankBatch,
               timeout_s: float, log: CollectiveLog | None = None) -> SyncDecision:
     """This rank's DP sync exactly as vLLM's runner calls it, as the harness's SyncDecision."""
-    return sync_with(DpGroupStandIn(group, timedelta(seconds=timeout_s), log), config, rank,
-                     batch)
+    stand_in = DpGroupStandIn(group, timedelta(seconds=timeout_s), log,
+                              frozenset(batch.knows_dead), batch.dead)
+    return sync_with(stand_in, config, rank, batch)
 
 
 def sync_with(stand_in, config: HarnessConfig, rank: int, batch: RankBatch) -> SyncDecision:
