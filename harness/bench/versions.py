@@ -40,6 +40,7 @@ class Family:
 
 SEARCH = "harness/bench/version_searches"  # the config files of the 0.34 draft searches
 GUARD_034 = ("--vllm-patch", "scenarios/vllm/patches/0.34/last-region-start.diff")
+TWINS_034 = "scenarios/vllm/patches/0.34/twin-threshold-by-query-len.diff"
 
 
 FAMILIES = (
@@ -68,6 +69,11 @@ FAMILIES = (
                                                 f"{SEARCH}/verify-q4.json", *GUARD_034,
                                                 *EXEC_WORLD),
            ("tokens_in_their_requests", "matches_reference"), since="0.34"),
+    # 0.34's fault tolerance: dead DP ranks left out only where a survivor was told (§7.25).
+    Family("dead rank told late", ("--sut", "vllm", "--config",
+                                   f"{SEARCH}/fault-tolerance.json", *GUARD_034,
+                                   "--vllm-patch", TWINS_034),
+           ("dead_slots_left_out", "agreement", "differential"), since="0.34"),
 )
 
 
