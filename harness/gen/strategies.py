@@ -7,7 +7,6 @@ generators know nothing of worlds: they return configs, batches and scenarios.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 from hypothesis import assume
@@ -16,7 +15,7 @@ from hypothesis import strategies as st
 from harness.batch import RankBatch, dummy_query_lens
 from harness.config import All2AllBackend, CudaGraphMode, Guard, HarnessConfig, ubatching_fields
 from harness.errors import ConfigError
-from harness.faults import Fault, FaultKind
+from harness.faults import FaultKind
 from harness.gen.aim import steps_with_microbatch_threads
 from harness.gen.deaths import deaths
 from harness.gen.drafts import (
@@ -27,6 +26,7 @@ from harness.gen.drafts import (
     draft_schedules,
     uniform_beside_twin,
 )
+from harness.gen.fault_draws import faults
 from harness.gen.verify_budget import verified_layout
 from harness.scenario import Scenario
 from harness.spec.decision import last_region_start
@@ -366,27 +366,6 @@ def steps(draw, config_strategy=None) -> tuple[HarnessConfig, list[RankBatch]]:
     config = draw(config_strategy if config_strategy is not None else configs())
     batches = [draw(rank_batch(config)) for _ in range(config.serving.dp_size)]
     return config, batches
-
-
-SLOW_UBATCH_SECONDS = (0.1, 0.4)  # below the fuzzer's collective bound: slow, never failed
-
-
-@st.composite
-def faults(draw, config: HarnessConfig, num_steps: int, kinds: Sequence[FaultKind],
-           threaded_steps: Sequence[int] = ()) -> tuple[Fault, ...]:
-    """One fault of the given kinds, on any rank, step and microbatch. Three draws in four
-    aim at a step whose microbatch threads run (`threaded_steps`): a microbatch fault fires
-    only there, and with many ranks such steps are rare among those drawn (docs/spec.md §5)."""
-    if not kinds:
-        return ()
-    aimed = threaded_steps and draw(st.integers(0, 3)) > 0
-    step = st.sampled_from(threaded_steps) if aimed else st.integers(0, num_steps - 1)
-    kind = draw(st.sampled_from(kinds))
-    fault = Fault(kind, draw(st.integers(0, config.serving.dp_size - 1)), draw(step),
-                  draw(st.integers(0, max(config.num_ubatches, 1) - 1)))
-    if kind is FaultKind.SLOW_UBATCH:
-        fault = replace(fault, seconds=draw(st.sampled_from(SLOW_UBATCH_SECONDS)))
-    return (fault,)
 
 
 @st.composite
