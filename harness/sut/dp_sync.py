@@ -80,7 +80,6 @@ def decide_from_matrix(config: HarnessConfig, table: GraphTable,
     """The decision of one rank from the gathered matrix and its own (or dummy) batch."""
     batch = deciding_batch(batch, config.serving.decode_query_len)
     # The returned token counts keep every rank's slot, a dead one's too (§1.7).
-    width = config.serving.dp_size
     full_tokens = tuple(rows[ROW_TOKENS])
     tokens, votes, ucts, max_query_lens, allows, reqs, skips = live_rows(config, rows, batch)
     local_uct = batch.uniform_token_count or 0
@@ -108,7 +107,7 @@ def decide_from_matrix(config: HarnessConfig, table: GraphTable,
         synced_max_query_len = batch.max_query_len  # the slip of §7.17
     desc = table.dispatch(batch.num_reqs, max(tokens), synced_uct, synced_max_query_len)
     num_reqs = desc.num_reqs if desc.cg_mode is CudaGraphMode.FULL else max(reqs)
-    state = DpSyncState((desc.num_tokens,) * width, synced_uct, eager=False,
+    state = DpSyncState((desc.num_tokens,) * len(full_tokens), synced_uct, eager=False,
                         num_reqs=num_reqs, skip_drafts=skip_drafts)
     return SyncDecision(desc, drafter_state(config, state, batch))
 
