@@ -10,6 +10,7 @@ import math
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, NoReturn
 
 from harness.batch import RankBatch, validate_batches
@@ -33,6 +34,7 @@ from harness.cli_result import (
     show_result,
     tested_of,
 )
+from harness.cli_schedule import add_schedule_flags, schedule_from_args
 from harness.cli_vllm import add_vllm_flags, scenario_with_vllm_code, tested_vllm_json, vllm_fields
 from harness.config import HarnessConfig
 from harness.config_values import check_seconds
@@ -171,6 +173,7 @@ def _print_tested(config: HarnessConfig, note: str = "") -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     scenario, note = scenario_with_vllm_code(load_scenario(args.scenario), args)
+    scenario = replace(scenario, schedule=schedule_from_args(args, scenario.schedule))
     timeouts = timeouts_from_args(args)
     check_execution_backend(scenario.config.system.execution.value, args.backend, args.device)
     if args.save_history:
@@ -282,6 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print one JSON object")
     add_timeout_flags(run, DEFAULT_TIMEOUTS)
     add_vllm_flags(run, sut_flag=False)
+    add_schedule_flags(run)
     run.add_argument("--save-history", metavar="OUT.json",
                      help="also write the run's whole history and references to this file, "
                      "for `python -m harness check --history` to judge again")

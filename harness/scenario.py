@@ -3,7 +3,8 @@
     {"name": ..., "config": {...HarnessConfig fields...},
      "steps": [{"ranks": [{"query_lens": [1, 1, 1]}, {"tokens": 64, "allow_ubatching": false}]}],
      "faults": [{"kind": "raise_in_ubatch", "rank": 0, "step": 0, "ubatch": 0}],
-     "expect": {"caught_by": "checker name", "caught_by_on": {"cuda": "other checker"}}}
+     "expect": {"caught_by": "checker name", "caught_by_on": {"cuda": "other checker"}},
+     "schedule": {"mode": "pct", "seed": 3}}
 
 A rank is given by `query_lens` (one entry per request) or by `tokens` (that many one-token
 decode requests); `{"tokens": 0}` is an idle rank: the wire form of harness/batch.py, read
@@ -11,7 +12,9 @@ once into the RankBatch every world and the reference are given. Request i of a 
 state slot i across steps, so later steps continue the same requests. `caught_by` names the
 checker that catches the bug on emulated graphs; `caught_by_on` names another per graph
 backend where the real thing shows the bug elsewhere (a capture on the wrong stream fails
-capture on CUDA outright, where the emulation records an empty graph).
+capture on CUDA outright, where the emulation records an empty graph). `schedule` (optional,
+`os` when absent) is the controlled schedule every rank's microbatch threads run under
+(docs/schedules.md): part of the case, so a replay runs the same interleavings.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from harness.faults import SLEEPING_FAULTS, VLLM_EXEC_FAULTS, Fault, FaultKind
 from harness.invariants import CheckerName
 from harness.model.state import RequestSpec
 from harness.model.weights import DEFAULT_VOCAB
+from harness.runtime.schedule.descriptor import OS_SCHEDULE, Schedule
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,7 @@ class Scenario:
     caught_by_on: tuple[tuple[str, str], ...] = ()
     # The config changes that turn the buggy variant back into the reference behaviour.
     reference_changes: tuple[tuple[str, Any], ...] = ()
+    schedule: Schedule = OS_SCHEDULE  # how each rank's microbatch threads interleave
 
     def __post_init__(self) -> None:
         # A parsed or drawn scenario's ranks already fit its config and stay the same objects;
@@ -101,6 +106,8 @@ class Scenario:
                               "reference": dict(self.reference_changes)}
             if self.caught_by_on:
                 data["expect"]["caught_by_on"] = dict(self.caught_by_on)
+        if self.schedule.controlled:  # an `os` scenario reads as it always did
+            data["schedule"] = self.schedule.to_json()
         return data
 
     def only_step(self, step: int) -> Scenario:
@@ -224,7 +231,8 @@ def _caught_by_on(data: Any) -> tuple[tuple[str, str], ...]:
 def scenario_from_dict(data: Any) -> Scenario:
     if not isinstance(data, dict):
         raise ConfigError("scenario", "must be an object with `config` and `steps`")
-    unknown = set(data) - {"name", "description", "config", "steps", "faults", "expect"}
+    unknown = set(data) - {"name", "description", "config", "steps", "faults", "expect",
+                           "schedule"}
     if unknown:
         raise ConfigError(sorted(unknown)[0], "is not a scenario field")
     for key in ("name", "description"):
@@ -245,13 +253,24 @@ def scenario_from_dict(data: Any) -> Scenario:
     scenario = Scenario(config, steps, faults, data.get("name", "scenario"),
                         data.get("description", ""), caught_by,
                         _caught_by_on(expect.get("caught_by_on", {})),
-                        tuple(sorted(reference.items())))
+                        tuple(sorted(reference.items())), _schedule(data.get("schedule")))
     if reference:
         try:
             scenario.with_reference_behaviour()
         except ConfigError as exc:
             raise ConfigError(f"expect.reference.{exc.field}", exc.message) from None
     return scenario
+
+
+def _schedule(data: Any) -> Schedule:
+    if data is None:
+        return OS_SCHEDULE
+    schedule = Schedule.from_json(data)
+    if schedule.choices is not None:
+        raise ConfigError("schedule.choices", "every rank and step of a scenario runs its "
+                          "seed; recorded choices replay one run (harness.runtime.schedule's "
+                          "explore and run_once)")
+    return schedule
 
 
 def _rank_fields_of_steps(raw_steps: Any) -> list[list[dict[str, Any]]]:

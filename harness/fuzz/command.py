@@ -22,6 +22,7 @@ from harness.cli_config import (
     output_file,
     timeouts_from_args,
 )
+from harness.cli_schedule import add_schedule_flags
 from harness.cli_vllm import (
     add_vllm_flags,
     replay_flags,
@@ -37,6 +38,7 @@ from harness.fuzz.engine import FUZZ_TIMEOUTS, SIM_DP_SIZES, Budget, FuzzOutcome
 from harness.fuzz.profiles import PROFILES, profile_from_environment
 from harness.fuzz.progress import ProgressBar
 from harness.fuzz.run_log import DEFAULT_LOG
+from harness.fuzz.schedules import space_from_args
 from harness.fuzz.variants import (
     EXEC_DEFAULT_HUNTS,
     EXEC_VARIANTS,
@@ -103,6 +105,7 @@ def add_fuzz_command(sub) -> argparse.ArgumentParser:
     add_timeout_flags(fz, FUZZ_TIMEOUTS)
     add_config_flags(fz)
     add_vllm_flags(fz, sut_flag=False)
+    add_schedule_flags(fz, fuzz=True)
     fz.set_defaults(func=cmd_fuzz)
     return fz
 
@@ -255,6 +258,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     if vllm and not args.json:
         print(tested_vllm(HarnessConfig.of(**vllm)), flush=True)
     budget = budget_from_args(args)
+    schedules = space_from_args(args)
     check_search_flags(args)
     timeouts = timeouts_from_args(args)
     database = None if args.no_database else open_database(args.database)
@@ -279,7 +283,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
                                database=database,
                                log_path=args.log, scenario_dir=args.found_dir,
                                seed=args.hypothesis_seed, progress=bar.update,
-                               hunt=variant.hunt,
+                               hunt=variant.hunt, schedules=schedules,
                                world_flags=f"{_world_flags(args)} {replay_flags(vllm)}".strip())
             finally:
                 bar.close()

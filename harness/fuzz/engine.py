@@ -38,6 +38,7 @@ from harness.fuzz.database import (
 from harness.fuzz.reduce import reduce_structure, reduce_tokens
 from harness.fuzz.result import NOT_SHRUNK, ExampleVerdict, FuzzOutcome
 from harness.fuzz.run_log import ExampleEntry, Intermittency, VerdictEntry, append
+from harness.fuzz.schedules import ScheduleSpace, keyed_fields, scheduled
 from harness.fuzz.signals import (
     _BudgetSpent,
     _Cannot,
@@ -278,21 +279,22 @@ def fuzz(variant: Variant, run: Callable[[Scenario], ScenarioHistory], *, world:
          log_path: str | Path | None = None, scenario_dir: str | Path = ".harness/found",
          seed: int | None = None, hunt: tuple[str, ...] | None = None,
          progress: Callable[[int, float, bool], None] | None = None,
-         world_flags: str = "") -> FuzzOutcome:
+         world_flags: str = "", schedules: ScheduleSpace | None = None) -> FuzzOutcome:
     """Search for a scenario some checker (one of `hunt`, if given) rejects; shrink and
     return it (an intermittent failure as found), or report that none was found within the
     budget. `world_flags` complete the replay command (e.g. `--backend nccl`). `database` is
     a directory, a redis:// URL or an open database; failures saved there by any process are
-    replayed first. HarnessCannot (an example not run or judged) ends the search, raised."""
+    replayed first; `schedules`, how each example's threads interleave (None: os).
+    HarnessCannot (an example not run or judged) ends the search, raised."""
     fixed = dict(fixed or {})
-    key = database_key(variant, fixed, dp_sizes)
+    key = database_key(variant, keyed_fields(fixed, schedules), dp_sizes)
     opened = open_database(database) if isinstance(database, str) else database
     db = StoppableDatabase(KeyedDatabase(opened, key)) if opened is not None else None
     search = _Search(run, variant, world, budget, Path(log_path) if log_path else None,
                      progress, hunt, SharedFailures(opened, key) if opened is not None else None,
                      db)
-    probe = _hypothesis_test(search, scenario_strategy(variant, fixed, dp_sizes), profile, db,
-                             seed)
+    strategy = scheduled(scenario_strategy(variant, fixed, dp_sizes), schedules)
+    probe = _hypothesis_test(search, strategy, profile, db, seed)
     failure, note = _run_until_settled(probe, search)
     if failure is None:
         return FuzzOutcome(variant.name, world, False, None, "", None, search.examples,

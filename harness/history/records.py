@@ -121,6 +121,8 @@ class StepRecord:
     # dispatches delivered (docs/spec.md §7.23); None where no run tags them.
     run_tag: int | None = None
     received_tags: tuple[tuple[int, int, int], ...] = ()
+    # The choices a controlled schedule made in the step's microbatch run (None under os).
+    schedule_choices: tuple[int, ...] | None = None
 
     @classmethod
     def failed(cls, rank: int, step: int, error: StepError, *,

@@ -28,6 +28,9 @@ from harness.model.step_buffers import StepBuffers
 from harness.runtime.comm import CollectiveLog, EagerAllToAll, LoggedAllToAll
 from harness.runtime.device_fence import DeviceFence, DeviceWedged
 from harness.runtime.graphs import make_graph_backend
+from harness.runtime.schedule.descriptor import OS_SCHEDULE, Schedule
+from harness.runtime.schedule.primitives import OS_PRIMITIVES
+from harness.runtime.schedule.step import StepSchedule, recorded, scheduled_step
 from harness.runtime.streams import CpuStreams, CudaStreams, make_streams
 from harness.sut import systems
 from harness.sut.graph_manager import GraphManager
@@ -88,6 +91,10 @@ class RankRuntime:
         self.cache.state.copy_(self._initial_state)
         self.runner = MicrobatchRunner(config, self.streams, hang_timeout_s,
                                        warm_cublas=warm_cublas)
+        # A controlled run's parked threads wait out the longest collective the running one
+        # makes (docs/schedules.md: safety bound).
+        self.schedule_safety_s = collective_timeout_s + hang_timeout_s
+        self._choices: tuple[int, ...] | None = None  # the last microbatch run's, if controlled
         self.table = systems.graph_table(config, rank)
         backend = make_graph_backend(self.streams, collective_timeout_s)
         self.manager = GraphManager(config, self.table, self.streams, backend, self.runner,
@@ -140,8 +147,9 @@ class RankRuntime:
         return batch.request_query_lens()
 
     def step(self, index: int, requests: Sequence[RequestSpec], batch: RankBatch,
-             faults: Sequence[Fault] = ()) -> StepRecord:
+             faults: Sequence[Fault] = (), schedule: Schedule = OS_SCHEDULE) -> StepRecord:
         start = time.monotonic()
+        self._choices = None
         lens = self._slicing_lens(batch)  # what the split counts requests by; buffers hold all
         mark = self.log.mark()
         plan, executed, captured_split, replay_split, fingerprint = None, "failed", (), (), ()
@@ -176,13 +184,13 @@ class RankRuntime:
             else:
                 buffers = self._eager_buffers(plan_ran.num_tokens, self._eager_reqs(plan_ran),
                                               requests)
-                ran = self.manager.run_eager(desc, buffers, lens or (1,), faults,
-                                             plan_ran.state)
+                ran = self._run_eager(desc, buffers, lens or (1,), faults, plan_ran.state,
+                                      schedule)
                 fingerprint = self.log.since(mark)
                 outputs = buffers.output[:batch.num_tokens]
                 executed = "eager-microbatched" if desc.microbatched else "eager"
         except BaseException as exc:  # reported in the record
-            error = error_of(exc)
+            error = error_of(recorded(exc))
             fingerprint = self.log.since(mark)
         error = settled(self.fence, f"rank {self.rank} step {index}", error)
         wedged = self.fence is not None and self.fence.wedged is not None
@@ -199,7 +207,21 @@ class RankRuntime:
             outputs=() if wedged else rows_of(outputs),
             state=() if wedged else rows_of(self.cache.state),
             threads_alive=self.alive_threads(), pending_run=self.has_pending_run, error=error,
-            injected_fault=bool(faults), seconds=time.monotonic() - start)
+            injected_fault=bool(faults), seconds=time.monotonic() - start,
+            schedule_choices=self._choices)
+
+    def _run_eager(self, desc, buffers, lens, faults, state, schedule: Schedule):
+        """An eager step; a microbatched one on threads `schedule` interleaves (unsplit steps
+        start no thread: nothing to schedule)."""
+        step: StepSchedule | None = None
+        try:
+            with scheduled_step(schedule if desc.microbatched else OS_SCHEDULE,
+                                self.schedule_safety_s, f"rank {self.rank}") as step:
+                self.runner.threads.primitives = step.primitives
+                return self.manager.run_eager(desc, buffers, lens, faults, state)
+        finally:
+            self.runner.threads.primitives = OS_PRIMITIVES
+            self._choices = step.choices if step is not None else None
 
     def _received_routes(self, split, completed: bool,
                          staged=None) -> tuple[tuple[int, int, int], ...]:

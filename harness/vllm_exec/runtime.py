@@ -40,6 +40,8 @@ from harness.history.step_error import error_of
 from harness.model.state import RequestSpec, StateCache, initial_state
 from harness.runtime.comm import CollectiveLog, EagerAllToAll, LoggedAllToAll
 from harness.runtime.device_fence import DeviceFence
+from harness.runtime.schedule.descriptor import OS_SCHEDULE, Schedule
+from harness.runtime.schedule.step import recorded
 from harness.sut import systems
 from harness.sut.rank_runtime import decide_under_rank_faults, settled
 from harness.vllm_exec.ids_gather import BoundedAllGather
@@ -52,6 +54,7 @@ from harness.vllm_exec.inputs import (
     whole_step_attn,
 )
 from harness.vllm_exec.model import MiniModel, VllmStyleMoE
+from harness.vllm_exec.scheduling import VllmScheduling
 from harness.vllm_exec.stand_ins import CudaStandIns, stand_ins_for
 from harness.vllm_sut.candidates import to_harness
 from harness.vllm_sut.code import check_same_release, vllm_code
@@ -105,6 +108,8 @@ class VllmExecRuntime:
         self.block_tables = DummyBlockTables(config.serving.max_num_reqs,
                                              config.serving.max_num_batched_tokens, self.device)
         self.runner = self._build_runner()
+        self.scheduling = VllmScheduling(self.code.ubatching, self.code.runner_module,
+                                         self.runner, collective_timeout_s + hang_timeout_s, rank)
         self.manager = self._build_manager()
         # On CUDA, results are read only once the device work is known to be done: a peer
         # that left the step keeps this rank's NCCL kernels, and any read behind them, waiting.
@@ -204,23 +209,24 @@ class VllmExecRuntime:
     # -- a step ----------------------------------------------------------------------------
 
     def step(self, index: int, requests: Sequence[RequestSpec], batch: RankBatch,
-             faults: Sequence[Fault] = ()) -> StepRecord:
+             faults: Sequence[Fault] = (), schedule: Schedule = OS_SCHEDULE) -> StepRecord:
         start = time.monotonic()
         mark, events = self.log.mark(), len(self.stand_ins.event_log)
         order = self.stand_ins.stream_log.mark()
         trace = self.moe.arm(faults)
         self.stand_ins.thread_setup.arm(_setup_fault(faults))
-        plan, ran, error = None, None, None
+        plan, ran, error, scheduled = None, None, None, None
         self.log.note(f"step {index}")
         try:
             if self.fence is not None:
                 self.fence.check()  # a device held by a stuck collective takes no new work
             plan = decide_under_rank_faults(self, batch, faults)
-            with torch.inference_mode():  # as vLLM's worker runs execute_model
+            # As vLLM's worker runs execute_model; its threads interleaved by `schedule`.
+            with torch.inference_mode(), self.scheduling.step(schedule) as scheduled:
                 ran = self._execute(silent_member_view(plan, batch), requests,
                                     batch.num_tokens, batch)
         except BaseException as exc:  # reported in the record
-            error = error_of(exc)
+            error = error_of(recorded(exc))
         finally:
             self.stand_ins.thread_setup.arm(None)
         error = settled(self.fence, f"rank {self.rank} step {index}", error)
@@ -242,7 +248,7 @@ class VllmExecRuntime:
             state=rows_of(self.cache.state) if readable else (),
             threads_alive=self.alive_threads(), pending_run=self.has_pending_run,
             error=error, injected_fault=bool(faults), seconds=time.monotonic() - start,
-            vllm_exec=exec_trace)
+            vllm_exec=exec_trace, schedule_choices=scheduled and scheduled.choices)
 
     def execute(self, desc: GraphDescriptor, requests: Sequence[RequestSpec]) -> torch.Tensor:
         """`desc` run over `requests` as a step runs it once the DP sync has chosen it, with

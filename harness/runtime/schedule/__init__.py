@@ -8,10 +8,12 @@
   ones (`OS_PRIMITIVES`) or `ControlledPrimitives`.
 - `session`: `ScheduledRun`, one run under a schedule from the thread that drives it.
 - `explore`: many runs judged (random and pct series, exhaustive search with a bound).
+- `bounded`: the numbered schedules one exhaustive run takes by its seed (run, fuzz).
+- `step`: one rank's step under a scenario's schedule; a deadlock as the step's error.
 - `records`, `errors`: what runs leave behind and what they raise.
 """
 
-from harness.runtime.schedule.descriptor import CONTROLLED_MODES, MODES, Schedule
+from harness.runtime.schedule.descriptor import CONTROLLED_MODES, MODES, OS_SCHEDULE, Schedule
 from harness.runtime.schedule.errors import (
     ScheduleDeadlock,
     ScheduleDiverged,
@@ -35,6 +37,7 @@ __all__ = [
     "CONTROLLED_MODES",
     "MODES",
     "OS_PRIMITIVES",
+    "OS_SCHEDULE",
     "BarrierLike",
     "ControlledPrimitives",
     "Decision",

@@ -3,7 +3,9 @@
 `os` leaves the choice to the operating system (no control: today's behaviour). The other
 modes run one thread at a time and pick the next at every scheduling point: `random` (seeded),
 `pct` (priorities with `depth` - 1 change points over about `steps` points, seeded) and
-`exhaustive` (every schedule with at most `preemptions` preemptions, one run at a time).
+`exhaustive` (every schedule with at most `preemptions` preemptions: `explore` walks them all,
+one run at a time; a single run takes the one its `seed` numbers, harness/runtime/schedule/
+bounded.py).
 `choices`, when given, is followed first: the chosen thread at each point where two or more
 could run, so a recorded run replays exactly; past its end the mode decides.
 """
@@ -15,6 +17,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from harness.errors import ConfigError
+from harness.runtime.schedule.bounded import schedules_within
 
 MODES = ("os", "random", "pct", "exhaustive")
 CONTROLLED_MODES = MODES[1:]
@@ -41,9 +44,14 @@ class Schedule:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise _field_error(name, f"expected an integer, got {value!r}")
-        for name, low in (("depth", 1), ("preemptions", 0), ("steps", 1)):
+        for name, low in (("seed", 0), ("depth", 1), ("preemptions", 0), ("steps", 1)):
             if getattr(self, name) < low:
                 raise _field_error(name, f"must be at least {low}, got {getattr(self, name)}")
+        if self.mode == "exhaustive" and self.seed >= (
+                count := schedules_within(self.preemptions, self.steps)):
+            raise _field_error("seed", f"exhaustive numbers its {count} schedules 0 to "
+                                       f"{count - 1} (at most {self.preemptions} preemptions "
+                                       f"over {self.steps} opportunities), got {self.seed}")
         if self.choices is not None:
             self._check_choices()
 
@@ -88,3 +96,6 @@ class Schedule:
                 raise _field_error("choices", "expected a list of thread numbers")
             choices = tuple(choices)
         return cls(**fields, choices=choices)
+
+
+OS_SCHEDULE = Schedule()  # no control: the default of every scenario and step

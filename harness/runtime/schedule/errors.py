@@ -3,6 +3,7 @@ misuse of the controlled primitives."""
 
 from __future__ import annotations
 
+from harness.errors import ErrorOrigin
 from harness.runtime.schedule.records import Halt
 
 
@@ -18,6 +19,8 @@ class ScheduleHalted(BaseException):
 
 class ScheduleDeadlock(ScheduleHalted):
     """No thread can run and none waits with a timeout: a hang of the protocol under test."""
+
+    origin = ErrorOrigin.HANG  # what a thread that recorded it was released by
 
 
 class ScheduleStuck(ScheduleHalted):

@@ -93,6 +93,7 @@ def _exhaustive(schedule: Schedule, scenario: Scenario, judge: Judge, runs: int,
                 stop_at_first: bool, safety_s: float) -> Exploration:
     findings: list[Finding] = []
     prefix: tuple[int, ...] | None = schedule.choices
+    schedule = replace(schedule, seed=0)  # the walk itself numbers the schedules
     visited = 0
     while True:
         trace, verdict = run_once(schedule.with_choices(prefix), scenario, judge, safety_s)

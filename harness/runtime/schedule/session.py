@@ -66,7 +66,8 @@ class ScheduledRun:
         assert isinstance(self.primitives, ControlledPrimitives)
         limit = time.monotonic() + self.primitives.scheduler.safety_s
         for thread in self.primitives.threads:
-            thread.join(max(0.0, limit - time.monotonic()))
+            if thread.slot is not None:  # one made but never started has nothing to join
+                thread.join(max(0.0, limit - time.monotonic()))
 
     @property
     def trace(self) -> Trace | None:

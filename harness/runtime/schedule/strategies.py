@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from typing import Protocol
 
+from harness.runtime.schedule.bounded import BoundedPreemptions
 from harness.runtime.schedule.descriptor import Schedule
 
 
@@ -105,7 +106,9 @@ def strategy_for(schedule: Schedule) -> Strategy:
     elif schedule.mode == "pct":
         base = Pct(schedule.seed, schedule.depth, schedule.steps)
     elif schedule.mode == "exhaustive":
-        base = NonPreemptive()
+        # Seed 0 never preempts (explore's default); another numbers one bounded schedule.
+        base = (BoundedPreemptions(schedule.seed, schedule.preemptions, schedule.steps)
+                if schedule.seed else NonPreemptive())
     else:
         raise ValueError(f"schedule mode {schedule.mode!r} is not controlled")
     return Replay(schedule.choices, base) if schedule.choices else base

@@ -109,7 +109,8 @@ class SimWorld:
                 faults = scenario.faults_at(i, rank)
                 if any(f.kind is FaultKind.KILL_RANK for f in faults):
                     os.kill(os.getpid(), signal.SIGKILL)  # only with own_process (run)
-                return runtimes[rank].step(i, requests[rank], ranks[rank], faults)
+                return runtimes[rank].step(i, requests[rank], ranks[rank], faults,
+                                           scenario.schedule)
 
             def every_rank(i: int, requests, ranks) -> tuple[StepRecord | None, ...]:
                 records, _ = world.run_bounded(

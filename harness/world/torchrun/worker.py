@@ -235,7 +235,8 @@ class Worker:
                 faults = scenario.faults_at(i, self.rank)
                 if any(f.kind is FaultKind.KILL_RANK for f in faults):
                     os.kill(os.getpid(), signal.SIGKILL)
-                record = runtime.step(i, requests[self.rank], ranks[self.rank], faults)
+                record = runtime.step(i, requests[self.rank], ranks[self.rank], faults,
+                                      scenario.schedule)
                 self.channel.send(StepReport(i, record))
 
             # Every rank stops after a step in which any rank failed, as in the sim world:
@@ -252,7 +253,8 @@ class Worker:
         runtime.reset_state()
         records = run_steps(
             scenario, lambda i, requests, ranks: runtime.step(i, requests[self.rank],
-                                                              ranks[self.rank]),
+                                                              ranks[self.rank], (),
+                                                              scenario.schedule),
             lambda record: record.error is None)
         self.channel.send(BatchRan(tuple(records)))
 
