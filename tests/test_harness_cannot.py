@@ -81,14 +81,21 @@ def test_a_checker_that_raises_is_exit_3_naming_it_not_a_verdict(capsys, tmp_pat
     assert "FAIL" not in out
 
 
-def test_a_checker_that_raises_under_the_fuzzer_ends_the_search_with_exit_3_unshrunk(
-        capsys, tmp_path, monkeypatch):
-    calls: list = []
-    monkeypatch.setattr(registry, "REGISTRY", raising(CheckerName.ERRORS, calls))
+def short_fuzz(tmp_path):
+    """A 20-example reference search saving what it finds under tmp_path/found: (that
+    directory, the exit code)."""
     found = tmp_path / "found"
     code = main(["fuzz", "--variant", "reference", "--nproc", "2", "--examples", "20",
                  "--hypothesis-seed", "0", "--no-database", "--log", str(tmp_path / "log"),
                  "--found-dir", str(found), *FAST_FLAGS])
+    return found, code
+
+
+def test_a_checker_that_raises_under_the_fuzzer_ends_the_search_with_exit_3_unshrunk(
+        capsys, tmp_path, monkeypatch):
+    calls: list = []
+    monkeypatch.setattr(registry, "REGISTRY", raising(CheckerName.ERRORS, calls))
+    found, code = short_fuzz(tmp_path)
     out, err = capsys.readouterr()
     assert code == EXIT_CANNOT, out
     assert one_error_line(err) == "error: checker errors: raised KeyError: 'rank 7'"
@@ -121,10 +128,7 @@ def test_a_reference_that_raises_under_the_fuzzer_ends_the_search_with_exit_3_un
         capsys, tmp_path, monkeypatch):
     calls: list = []
     reference_raising(monkeypatch, calls)
-    found = tmp_path / "found"
-    code = main(["fuzz", "--variant", "reference", "--nproc", "2", "--examples", "20",
-                 "--hypothesis-seed", "0", "--no-database", "--log", str(tmp_path / "log"),
-                 "--found-dir", str(found), *FAST_FLAGS])
+    found, code = short_fuzz(tmp_path)
     out, err = capsys.readouterr()
     assert code == EXIT_CANNOT, out
     assert one_error_line(err).startswith("error: reference: computing the expected rows")
