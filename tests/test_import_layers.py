@@ -32,7 +32,7 @@ LAYERS = (
     "check",  # the judge: checkers over history, nothing of processes nor of the rank code
     "reference_plans",  # what another system is held to, made by the harness's decision code
     "exhaustive",  # every decode vector of a small world through the decision code
-    "cli_config", "cli_vllm", "fuzz", "report", "bench",
+    "cli_schedule", "cli_config", "cli_vllm", "fuzz", "report", "bench",
     "cli_result", "cli_check",  # the verdicts as `run` prints them; a saved run judged again
     "cli",
     "campaign",  # fuzz jobs sharing a database, a local Redis server, the merged report

@@ -16,6 +16,7 @@ from record_builders import (
     step_records,
 )
 
+from harness.batch import RankBatch
 from harness.check.registry import (
     REGISTRY,
     Checker,
@@ -25,9 +26,12 @@ from harness.check.registry import (
     check_step,
 )
 from harness.check.verdict import Outcome
+from harness.config import HarnessConfig
 from harness.errors import ErrorOrigin
 from harness.history.records import RecvEvent, StreamOp, VllmExecTrace
 from harness.history.step_error import StepError
+from harness.spec.decision import spec_plans
+from harness.sut.step_plan import plan_without_world
 
 RANKS = 2
 BEFORE_SYNC = StepError("TimeoutError", "the DP all-reduce timed out", None,
@@ -82,6 +86,19 @@ SOME = step(step_records(RANKS))
 STARTUP = startup(startup_records(RANKS))
 NO_GRAPHS = startup([replace(r, planned=(), graphs=()) for r in startup_records(RANKS)])
 
+
+def told_of_a_death() -> StepInputs:
+    """Rank 1 has died and rank 0 was told: it replays the 32-token twin over its own column
+    where the zero column would have sent it eager (docs/spec.md §1.7)."""
+    dead_config = HarnessConfig.of(**{**config(RANKS).to_dict(), "fault_tolerance": True})
+    batches = [RankBatch.uniform(20, 1).with_deaths((1,)),
+               RankBatch.uniform(0).with_deaths((1,), dead=True)]
+    live = tuple(plan_without_world(dead_config, batches))
+    keeping = tuple(spec_plans(dead_config, [b.with_deaths((), b.dead) for b in batches]))
+    records = [replace(r, plan=p) for r, p in zip(step_records(RANKS), live, strict=True)]
+    return step(records, replace(reference(RANKS), spec_plans=live, dead=(1,),
+                                 known_dead=(1,), plans_keeping_dead=keeping))
+
 CASES: dict[str, Case] = {
     "startup": Case(startup([None] * RANKS), STARTUP),  # no rank finished capture: failed
     "capture_hygiene": Case(startup([startup_records(RANKS)[0], None]), STARTUP),
@@ -109,6 +126,7 @@ CASES: dict[str, Case] = {
     "tokens_in_their_requests": Case(
         step(undecided(), replace(reference(RANKS), query_lens=QUERY_LENS)),
         step(step_records(RANKS), replace(reference(RANKS), query_lens=QUERY_LENS))),
+    "dead_slots_left_out": Case(SOME, told_of_a_death()),
     "ubatching_state": Case(SOME, step(with_trace(VllmExecTrace((), (), ())))),
     "recv_before_read": Case(step(with_trace(VllmExecTrace((), (), ()))),
                              step(with_trace(VllmExecTrace((), HOOKED, ())))),
