@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shlex
 import time
 import uuid
@@ -44,7 +45,6 @@ from harness.fuzz.signals import (
     _CheckerFailed,
     _Intermittent,
     _SharedFailure,
-    _ShrinkCut,
 )
 from harness.fuzz.variants import Variant
 from harness.gen.aim import steering
@@ -310,7 +310,7 @@ def fuzz(variant: Variant, run: Callable[[Scenario], ScenarioHistory], *, world:
     search.begin_shrinker()
     minimal = reduce_tokens(simpler, lambda s: search.fails_like(s, failure, bounded=True))
     minimal, verdict = search.confirmed(minimal)
-    return _found(search, minimal, verdict, failure.blob, note, Path(scenario_dir),
+    return _found(search, minimal, verdict, _blob(failure), note, Path(scenario_dir),
                   world_flags)
 
 
@@ -346,9 +346,7 @@ def _hypothesis_test(search: _Search, strategy: st.SearchStrategy[Scenario], pro
         for label, value in steering(scenario).items():
             target(value, label=label)
         verdict = search.verdict(scenario)
-        if verdict is None:  # past the shrink's bounds: stop it here, not after its draws
-            search._stop(_ShrinkCut())
-        if not verdict.ok:
+        if verdict is not None and not verdict.ok:
             # Hypothesis replays the minimal example last: this ends up the shrunk one.
             search.last_failing = scenario
             raise _CheckerFailed(verdict)
@@ -382,8 +380,6 @@ def _run_until_settled(probe: Callable[[], None], search: _Search
             raise stop.cannot from None
         except (_CheckerFailed, _Intermittent) as exc:
             return exc, ""
-        except _ShrinkCut:
-            return _CheckerFailed(search.verdict(search.last_failing, shrink_bounded=False)), ""
         except Flaky as exc:
             # Name what each run raised, not only how many: the note is all a CI log keeps.
             raised = "; ".join(f"{type(e).__name__}: {e}"
@@ -398,3 +394,15 @@ def _run_until_settled(probe: Callable[[], None], search: _Search
             return _CheckerFailed(first), note
         except Unsatisfiable:
             return None, "no legal scenario: the pinned fields exclude every draw"
+
+
+_BLOB = re.compile(r"@reproduce_failure\([^)]*\)")
+
+
+def _blob(failure: BaseException) -> str | None:
+    """The `@reproduce_failure` line Hypothesis noted on the failure (print_blob)."""
+    for text in getattr(failure, "__notes__", []):
+        match = _BLOB.search(text)
+        if match:
+            return match.group(0)
+    return None

@@ -3,8 +3,6 @@ out of Hypothesis without being taken for failures to shrink; _CheckerFailed is 
 
 from __future__ import annotations
 
-import re
-
 from harness.errors import HarnessCannot
 from harness.fuzz.result import ExampleVerdict
 from harness.scenario import Scenario
@@ -37,25 +35,7 @@ class _Cannot(BaseException):  # noqa: N818 - a control-flow signal, not an erro
         self.cannot = cannot
 
 
-class _ShrinkCut(BaseException):  # noqa: N818 - a control-flow signal, not an error
-    """Hypothesis's shrink reached its bound: it would only go on drawing candidates that are
-    no longer run (seconds, even minutes). Its smallest failure so far stands, without the
-    blob Hypothesis writes only for a shrink it finished."""
-
-
-_BLOB = re.compile(r"@reproduce_failure\([^)]*\)")
-
-
 class _CheckerFailed(Exception):  # noqa: N818 - named for what Hypothesis reports
     def __init__(self, verdict: ExampleVerdict) -> None:
         super().__init__(f"{verdict.checker}: {verdict.detail}")
         self.verdict = verdict
-
-    @property
-    def blob(self) -> str | None:
-        """The `@reproduce_failure` line Hypothesis noted on it (print_blob), if it did."""
-        for text in getattr(self, "__notes__", []):
-            match = _BLOB.search(text)
-            if match:
-                return match.group(0)
-        return None
