@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import shlex
 import time
 import uuid
@@ -35,6 +34,7 @@ from harness.fuzz.database import (
     StoppableDatabase,
     open_database,
 )
+from harness.fuzz.profiles import reproduce_blob
 from harness.fuzz.reduce import reduce_structure, reduce_tokens
 from harness.fuzz.result import NOT_SHRUNK, ExampleVerdict, FuzzOutcome
 from harness.fuzz.run_log import ExampleEntry, Intermittency, VerdictEntry, append
@@ -310,7 +310,7 @@ def fuzz(variant: Variant, run: Callable[[Scenario], ScenarioHistory], *, world:
     search.begin_shrinker()
     minimal = reduce_tokens(simpler, lambda s: search.fails_like(s, failure, bounded=True))
     minimal, verdict = search.confirmed(minimal)
-    return _found(search, minimal, verdict, _blob(failure), note, Path(scenario_dir),
+    return _found(search, minimal, verdict, reproduce_blob(failure), note, Path(scenario_dir),
                   world_flags)
 
 
@@ -394,15 +394,3 @@ def _run_until_settled(probe: Callable[[], None], search: _Search
             return _CheckerFailed(first), note
         except Unsatisfiable:
             return None, "no legal scenario: the pinned fields exclude every draw"
-
-
-_BLOB = re.compile(r"@reproduce_failure\([^)]*\)")
-
-
-def _blob(failure: BaseException) -> str | None:
-    """The `@reproduce_failure` line Hypothesis noted on the failure (print_blob)."""
-    for text in getattr(failure, "__notes__", []):
-        match = _BLOB.search(text)
-        if match:
-            return match.group(0)
-    return None

@@ -6,6 +6,7 @@ dev: fast; ci: derandomised, no deadline, blob printed; nightly: many examples.
 from __future__ import annotations
 
 import os
+import re
 
 from hypothesis import HealthCheck, settings
 
@@ -20,3 +21,15 @@ settings.register_profile("nightly", max_examples=5000, deadline=None,
 
 def profile_from_environment() -> str:
     return os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev")
+
+
+_REPRODUCE = re.compile(r"@reproduce_failure\([^)]*\)")
+
+
+def reproduce_blob(failure: BaseException) -> str | None:
+    """The `@reproduce_failure` line Hypothesis noted on the failure (print_blob)."""
+    for text in getattr(failure, "__notes__", []):
+        match = _REPRODUCE.search(text)
+        if match:
+            return match.group(0)
+    return None

@@ -140,7 +140,10 @@ class RankRuntime:
                                        reached))
         return tuple(records)
 
-    def _slicing_lens(self, batch: RankBatch) -> tuple[int, ...]:
+    def _slicing_lens(self, batch: RankBatch, plan) -> tuple[int, ...]:
+        """What the split counts requests by (the buffers hold every request)."""
+        if batch.dead:  # the silent member's padding, laid out as its peers' (dead_ranks.py)
+            return dummy_query_lens(plan.num_reqs, plan.num_tokens)
         # vLLM 0.34.0 cuts requests by the untrimmed counts under adaptive verification (§7.24).
         if self.config.mutation.verify_slices is VerifySlices.UPPER_BOUND:
             return batch.slicing_lens()
@@ -150,14 +153,12 @@ class RankRuntime:
              faults: Sequence[Fault] = (), schedule: Schedule = OS_SCHEDULE) -> StepRecord:
         start = time.monotonic()
         self._choices = None
-        lens = self._slicing_lens(batch)  # what the split counts requests by; buffers hold all
         mark = self.log.mark()
         plan, executed, captured_split, replay_split, fingerprint = None, "failed", (), (), ()
         replayed = None  # the descriptor of the graph whose replay ran
         staged = None  # the plan of a replay that staged its real tokens (docs/spec.md §3.4)
         ran: tuple = ()  # the split the model actually ran (whose comm buffers hold the routes)
-        outputs: torch.Tensor = torch.zeros(0)
-        error = None
+        outputs, error = torch.zeros(0), None
         self.log.note(f"step {index}")
         try:
             if self.fence is not None:
@@ -167,9 +168,7 @@ class RankRuntime:
             self.model.set_run_tag(index + 1)  # capture ran under tag 0
             plan = decide_under_rank_faults(self, batch, faults)
             plan_ran = self._dummy_eager(self._dummy_unpadded(plan, batch), batch)
-            desc = plan_ran.desc
-            if batch.dead:  # the silent member's padding, laid out as its peers' (dead_ranks)
-                lens = dummy_query_lens(plan_ran.num_reqs, plan_ran.num_tokens)
+            desc, lens = plan_ran.desc, self._slicing_lens(batch, plan_ran)
             captured = (self.manager.lookup(desc) if desc.cg_mode is CudaGraphMode.FULL
                         else None)
             if captured is not None:
