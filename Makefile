@@ -118,7 +118,8 @@ vllm-install: $(ENV_STAMP)
 		sys.exit(0 if v == '$(VLLM)' else f'ERROR: vllm {v} imports, not $(VLLM)')"
 
 test-vllm: vllm-install
-	HARNESS_REQUIRE_VLLM=$(VLLM) $(PYTHON) -m pytest -q -rs -n $(PYTEST_WORKERS) $(VLLM_TESTS)
+	HARNESS_REQUIRE_VLLM=$(VLLM) $(PYTHON) -m pytest -q -rs -n $(PYTEST_WORKERS) --dist loadgroup \
+		$(VLLM_TESTS)
 
 # vLLM's execution code on CUDA ranks over NCCL, for the GPU machine, which has no package
 # registry. Here: `make vllm-gpu-bundle` packs vLLM's Python files and the Python 3.12 wheels

@@ -158,8 +158,9 @@ def test_the_blob_a_search_prints_replays_a_failing_scenario_under_reproduce_fai
         raise _Replayed
 
     with SimWorld(2, FUZZ_TIMEOUTS) as world:
+        # A shrink Hypothesis finishes (some 80 world runs): a cut one has no blob.
         found = fuzz(variant, world.run, world="sim", dp_sizes=(2,), fixed=fixed,
-                     budget=Budget(seconds=60, shrink_seconds=2), database=None, seed=1,
+                     budget=Budget(seconds=60, shrink_seconds=60), database=None, seed=1,
                      scenario_dir=tmp_path)
         assert found.found and found.blob and found.blob.startswith("@reproduce_failure(")
         version, blob = ast.literal_eval(found.blob.removeprefix("@reproduce_failure"))
@@ -216,3 +217,27 @@ def test_a_shrinker_stops_at_its_seconds_before_its_world_runs(tmp_path, monkeyp
     counts, _ = shrink_runs(tmp_path, monkeypatch,
                             Budget(seconds=60, shrink_examples=100, shrink_seconds=0))
     assert counts["hypothesis"] == counts["tokens"] == 0, counts
+
+
+@pytest.mark.parametrize("shrink", [Budget(seconds=60, shrink_examples=0, shrink_seconds=600),
+                                    Budget(seconds=60, shrink_seconds=0)],
+                         ids=["examples", "seconds"])
+def test_hypothesiss_shrink_stops_at_the_first_candidate_past_its_bound(tmp_path, monkeypatch,
+                                                                        shrink):
+    # Past the bound no candidate is run, yet Hypothesis's shrinker would draw on for
+    # hundreds of them (seconds to minutes): the search stops it at the first.
+    draws, runs = [], []
+    steer = engine.steering
+    monkeypatch.setattr(engine, "steering", lambda s: (draws.append(len(runs)), steer(s))[1])
+    with SimWorld(2, FUZZ_TIMEOUTS) as world:
+        def run(scenario):
+            runs.append(scenario)
+            return world.run(scenario)
+        outcome = fuzz(variant_named("guard-merged"), run, world="sim", dp_sizes=(2,),
+                       budget=shrink, database=None, seed=0, scenario_dir=tmp_path)
+    assert outcome.found and outcome.checker in variant_named("guard-merged").caught_by
+    # Draws once the detection and its rerun have run: Hypothesis's replay of the failure
+    # (it begins its shrink so), then the first candidate, which ends it.
+    after = [d for d in draws if d >= outcome.examples_to_detection]
+    assert len(after) == 2, len(after)
+    assert outcome.blob is None  # Hypothesis writes one only for a shrink it finished

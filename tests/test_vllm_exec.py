@@ -36,6 +36,9 @@ from harness.world.torchrun.world import TorchrunWorld
 if vllm_version() is None:
     pytest.skip(unavailable_reason(), allow_module_level=True)
 
+# Under `--dist loadgroup` (`make test-vllm`) one worker runs the module: its world (a torchrun
+# launch, 10-14 s) starts once, not on both workers and again each time one comes back to it.
+pytestmark = pytest.mark.xdist_group("vllm-exec-world")
 known_bugs = pytest.mark.skipif(not ships_the_known_bugs(), reason=f"pins bugs that "
                                 f"{SHIPS_THE_KNOWN_BUGS} ship, this is {vllm_version()}")
 ROOT = Path(__file__).resolve().parents[1]

@@ -102,12 +102,13 @@ def exhaustive(patches: tuple[VllmPatch, ...], dp: int, k: int, tokens: int):
     return explore(config, tokens)
 
 
-# The full bounds (512 tokens at DP 2, 96 at DP 3) take 5 and 10 minutes here (one vLLM sync
-# per rank per vector): `make test-vllm` runs them, the fast suite keeps to a sixth of that.
+# The full bounds (512 tokens at DP 2, 96 at DP 3) take 45 and 90 s here (one vLLM sync per
+# rank per vector): `make test-vllm` runs them first, the fast suite keeps to a sixth of that.
 @known_bugs
 @pytest.mark.parametrize("dp, k, tokens", [
     (2, 2, 128), (3, 3, 36),
-    pytest.param(2, 2, 512, marks=pytest.mark.slow), pytest.param(3, 3, 96, marks=pytest.mark.slow),
+    pytest.param(2, 2, 512, marks=[pytest.mark.slow, pytest.mark.starts_first]),
+    pytest.param(3, 3, 96, marks=[pytest.mark.slow, pytest.mark.starts_first]),
 ])
 def test_the_exhaustive_mode_finds_nothing_with_the_last_region_guard(dp, k, tokens):
     result = exhaustive((LAST_REGION,), dp, k, tokens)

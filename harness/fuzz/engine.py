@@ -45,6 +45,7 @@ from harness.fuzz.signals import (
     _CheckerFailed,
     _Intermittent,
     _SharedFailure,
+    _ShrinkCut,
 )
 from harness.fuzz.variants import Variant
 from harness.gen.aim import steering
@@ -346,7 +347,9 @@ def _hypothesis_test(search: _Search, strategy: st.SearchStrategy[Scenario], pro
         for label, value in steering(scenario).items():
             target(value, label=label)
         verdict = search.verdict(scenario)
-        if verdict is not None and not verdict.ok:
+        if verdict is None:  # past the shrink's bounds: stop it here, not after its draws
+            search._stop(_ShrinkCut())
+        if not verdict.ok:
             # Hypothesis replays the minimal example last: this ends up the shrunk one.
             search.last_failing = scenario
             raise _CheckerFailed(verdict)
@@ -380,6 +383,8 @@ def _run_until_settled(probe: Callable[[], None], search: _Search
             raise stop.cannot from None
         except (_CheckerFailed, _Intermittent) as exc:
             return exc, ""
+        except _ShrinkCut:
+            return _CheckerFailed(search.verdict(search.last_failing, shrink_bounded=False)), ""
         except Flaky as exc:
             # Name what each run raised, not only how many: the note is all a CI log keeps.
             raised = "; ".join(f"{type(e).__name__}: {e}"

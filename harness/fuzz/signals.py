@@ -35,6 +35,12 @@ class _Cannot(BaseException):  # noqa: N818 - a control-flow signal, not an erro
         self.cannot = cannot
 
 
+class _ShrinkCut(BaseException):  # noqa: N818 - a control-flow signal, not an error
+    """Hypothesis's shrink reached its bound: it would only go on drawing candidates that are
+    no longer run (seconds, even minutes). Its smallest failure so far stands, without the
+    blob Hypothesis writes only for a shrink it finished."""
+
+
 class _CheckerFailed(Exception):  # noqa: N818 - named for what Hypothesis reports
     def __init__(self, verdict: ExampleVerdict) -> None:
         super().__init__(f"{verdict.checker}: {verdict.detail}")

@@ -177,9 +177,9 @@ class NodeAgents:
     def _hello(self, hello: WorkerHello) -> None:
         self._nodes[hello.rank] = hello.node
 
-    def end_world(self, links: RankLinks, timeouts: Timeouts) -> list[int]:
-        """Close every connection (remote workers exit on it) and kill this host's workers;
-        the agents restart theirs for the next world."""
+    def end_world(self, links: RankLinks, timeouts: Timeouts, at_once: bool = False) -> list[int]:
+        """Close every connection (remote workers exit on it) and kill this host's workers, at
+        once in any case; the agents restart theirs for the next world."""
         pids = self._local_pids(links)
         links.close()
         return kill_all(pids)

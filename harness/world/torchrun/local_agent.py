@@ -91,9 +91,11 @@ class LocalAgent:
             raise WorldError(f"torchrun exited with {self._proc.returncode} before every "
                              "worker connected", self._log_tail())
 
-    def end_world(self, links: RankLinks, timeouts: Timeouts) -> list[int]:
-        """End the world after a failure; its replacement boots now, while the driver judges."""
-        survivors = self._close_live(links)
+    def end_world(self, links: RankLinks, timeouts: Timeouts, at_once: bool = False) -> list[int]:
+        """End the world after a failure; its replacement boots now, while the driver judges.
+        `at_once`: a rank lost or past its deadline cannot act on "exit", so torchrun is not
+        given the grace to stop on it (a rank parked in vLLM's wait would use it all up)."""
+        survivors = self._close_live(links, 0.0 if at_once else TERM_GRACE_S)
         self.rebuilds += 1
         if self.spares and self._spare is None:
             self._spare = self._launch(timeouts)
@@ -107,11 +109,11 @@ class LocalAgent:
             survivors += spare.discard()
         return survivors
 
-    def _close_live(self, links: RankLinks) -> list[int]:
+    def _close_live(self, links: RankLinks, grace_s: float = TERM_GRACE_S) -> list[int]:
         """Stop the live world: ask, then SIGTERM torchrun, then kill what is left."""
         links.send_to_all(Exit())
         if self._proc is not None:
-            wait_or_signal(self._proc, TERM_GRACE_S, signal.SIGTERM)
+            wait_or_signal(self._proc, grace_s, signal.SIGTERM)
             wait_or_signal(self._proc, STOP_TIMEOUT_S, signal.SIGKILL)
         pids = list(links.pids.values())
         survivors = kill_all(pids)

@@ -30,8 +30,9 @@ class Rig(Protocol):
     def start(self, links: RankLinks, formation: Formation, timeouts: Timeouts) -> None:
         """Bring a fresh world up into `links` (WorldError, cleaned up, when it fails)."""
 
-    def end_world(self, links: RankLinks, timeouts: Timeouts) -> list[int]:
-        """End the world after a failure; the pids of it still alive (must be none)."""
+    def end_world(self, links: RankLinks, timeouts: Timeouts, at_once: bool = False) -> list[int]:
+        """End the world after a failure; the pids of it still alive (must be none). `at_once`:
+        a rank was lost or missed its deadline, so not every rank can act on "exit"."""
 
     def close(self, links: RankLinks) -> list[int]:
         """Stop everything; the pids still alive after (must be none)."""

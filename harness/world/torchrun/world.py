@@ -100,11 +100,12 @@ class TorchrunWorld:
         with self.clock.timing(self.clock.starts):
             self.rig.start(self.links, self.formation, self.timeouts)
 
-    def end_world(self) -> list[int]:
-        """End the world after a failure; the pids of it still alive (must be none)."""
+    def end_world(self, at_once: bool = False) -> list[int]:
+        """End the world after a failure; the pids of it still alive (must be none). `at_once`:
+        a rank was lost or late, so the rig does not wait for every rank to act on "exit"."""
         self._clean_captures.clear()
         with self.clock.timing(self.clock.ends):
-            return self.rig.end_world(self.links, self.timeouts)
+            return self.rig.end_world(self.links, self.timeouts, at_once)
 
     def close(self) -> list[int]:
         """Stop the world (and its spare, or its nodes' agents). Returns the pids that were
@@ -142,10 +143,11 @@ class TorchrunWorld:
         if evidence or failed:
             # A timed-out or broken collective leaves the groups unusable: fresh world next,
             # once every rank still alive has shown where it stands.
+            lost_or_late = bool(evidence)
             if not evidence:
                 evidence = self.rig.rank_evidence("a rank failed; the world is rebuilt",
                                                   self.links)
-            survivors = self.end_world()
+            survivors = self.end_world(at_once=lost_or_late)
             if survivors:
                 evidence += f"\nprocesses still alive after the kill: {survivors}"
         return ScenarioHistory(scenario, self.timeouts, tuple(startup),
