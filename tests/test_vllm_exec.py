@@ -200,6 +200,24 @@ def test_each_execution_finding_on_a_release_is_caught_there_and_clean_on_the_ha
     assert clean.ok, failed(clean)
 
 
+# An execution finding on a release the project has a fix for, and the fix (patches/<release>/).
+RELEASE_EXEC_FIXES = {"0.34/verify-slices-upper-bound": "verify-slices-by-device-layout.diff"}
+
+
+@pytest.mark.parametrize("finding, patch", sorted(RELEASE_EXEC_FIXES.items()))
+def test_an_execution_finding_replays_clean_under_its_fix_and_caught_without_it(world, finding,
+                                                                                patch):
+    path = SCENARIOS / f"{finding}.json"
+    if installed_release().value != path.parent.name:
+        pytest.skip(f"found on vLLM {path.parent.name}; {vllm_version()} is installed")
+    data = json.loads(path.read_text())
+    assert load_scenario(path).caught_by in failed(run(world, data))
+    fixed = run(world, data, (release_patch(patch),))
+    assert fixed.ok, failed(fixed)
+    judged = {v.checker for v in fixed.verdicts() if v.applied}
+    assert {"tokens_in_their_requests", "matches_reference"} <= judged, judged
+
+
 def test_the_regression_scenarios_name_the_checker_that_catches_them():
     paths = sorted(EXEC.glob("*.json"))
     assert len(paths) == 4
