@@ -76,7 +76,15 @@ def launch_agent(nproc: int, worker_args: list[str]) -> AgentLaunch:
     return AgentLaunch(proc, server, trace_dir)
 
 
-def spares_by_default(nproc: int) -> int:
+MAX_SPARES = 3
+
+
+def spares_by_default(nproc: int, backend: str = "gloo") -> int:
     """One spare where the cores can boot it beside a running world without starving it (a
-    GPU host); none on a small machine, where it would steal the live ranks' time."""
-    return 1 if (os.cpu_count() or 1) >= 2 * nproc + 4 else 0
+    GPU host); none on a small machine, where it would steal the live ranks' time. NCCL: a
+    spare boots in about 7 s (CUDA context, communicator) while a faulted example costs 2-3 s
+    (H100, 2 ranks sharing it), so failures back to back need several booting at once."""
+    cores = os.cpu_count() or 1
+    if cores < 2 * nproc + 4:
+        return 0
+    return min(MAX_SPARES, cores // (nproc + 2)) if backend == "nccl" else 1

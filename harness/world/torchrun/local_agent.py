@@ -19,6 +19,7 @@ from harness.world.channel.messages import Exit, WorkerHello
 from harness.world.evidence import rank_evidence
 from harness.world.processes.lifecycle import kill_all, wait_or_signal
 from harness.world.torchrun.agent_launch import (
+    MAX_SPARES,
     STOP_TIMEOUT_S,
     AgentLaunch,
     launch_agent,
@@ -40,9 +41,10 @@ class LocalAgent:
         self.nproc, self.backend, self.device, self.layout = nproc, backend, device, layout
         self.preload_vllm = preload_vllm
         self.rebuilds = 0  # worlds ended by a failure
-        # Launches kept booting beside a world that has failed once (0 or 1).
-        self.spares = spares_by_default(nproc) if spares is None else min(spares, 1)
-        self._spare: AgentLaunch | None = None
+        # Launches kept booting beside a world that has failed once (NCCL: several).
+        self.spares = (spares_by_default(nproc, backend) if spares is None
+                       else min(spares, MAX_SPARES))
+        self._spares: list[AgentLaunch] = []  # oldest first: the likeliest to have booted
         self._proc: subprocess.Popen | None = None
         self._dir: Path | None = None
 
@@ -56,8 +58,8 @@ class LocalAgent:
 
     @property
     def spare(self) -> AgentLaunch | None:
-        """The launch booting beside the live world, if any."""
-        return self._spare
+        """The launch booting beside the live world that is taken next, if any."""
+        return self._spares[0] if self._spares else None
 
     def start(self, links: RankLinks, formation: Formation, timeouts: Timeouts) -> None:
         self._close_live(links)
@@ -70,8 +72,8 @@ class LocalAgent:
         except BaseException:
             self.close(links)
             raise
-        if self.rebuilds and self.spares and self._spare is None:
-            self._spare = self._launch(timeouts)  # a world that failed once is likely to again
+        if self.rebuilds:
+            self._boot_spares(timeouts)  # a world that failed once is likely to again
 
     def _launch(self, timeouts: Timeouts) -> AgentLaunch:
         return launch_agent(self.nproc, [
@@ -79,12 +81,17 @@ class LocalAgent:
             "--collective-timeout", str(timeouts.collective_s),
             *(["--preload-vllm"] if self.preload_vllm else [])])
 
+    def _boot_spares(self, timeouts: Timeouts) -> None:
+        while len(self._spares) < self.spares:
+            self._spares.append(self._launch(timeouts))
+
     def _take_spare(self) -> AgentLaunch | None:
-        spare, self._spare = self._spare, None
-        if spare is not None and not spare.alive:
+        while self._spares:
+            spare = self._spares.pop(0)
+            if spare.alive:
+                return spare
             spare.discard()
-            return None
-        return spare
+        return None
 
     def _launcher_alive(self) -> None:
         if not self.alive:
@@ -95,17 +102,19 @@ class LocalAgent:
         """End the world after a failure; its replacement boots now, while the driver judges.
         `at_once`: a rank lost or past its deadline cannot act on "exit", so torchrun is not
         given the grace to stop on it (a rank parked in vLLM's wait would use it all up)."""
-        survivors = self._close_live(links, 0.0 if at_once else TERM_GRACE_S)
+        # NCCL ranks end without tearing their communicator down (it can hang), so the
+        # grace buys nothing there but the wait for a wedged device (measured 2 s of 2.5).
+        grace_s = 0.0 if at_once or self.backend == "nccl" else TERM_GRACE_S
+        survivors = self._close_live(links, grace_s)
         self.rebuilds += 1
-        if self.spares and self._spare is None:
-            self._spare = self._launch(timeouts)
+        self._boot_spares(timeouts)
         return survivors
 
     def close(self, links: RankLinks) -> list[int]:
         """Stop the world and its spare."""
         survivors = self._close_live(links)
-        spare, self._spare = self._spare, None
-        if spare is not None:
+        spares, self._spares = self._spares, []
+        for spare in spares:
             survivors += spare.discard()
         return survivors
 

@@ -142,7 +142,21 @@ def join_group(backend: str, device_type: str, timeout_s: float,
     size = dist.get_world_size()
     dist.all_to_all_single(torch.empty(size, device=device), torch.zeros(size, device=device))
     torch.cuda.synchronize(device)
+    preload_failure_imports()
     return str(device)
+
+
+# At an NCCL rank's first failed collective a thread of torch's own imports these (dynamo and
+# sympy with them): seconds under the GIL mid-step, which stalled the rank's microbatch threads
+# past their bound (H100, 2 ranks sharing it: 8-9 s steps). Imported while the rank boots.
+NCCL_FAILURE_IMPORTS = ("torch._inductor",)
+
+
+def preload_failure_imports() -> None:
+    import importlib
+
+    for name in NCCL_FAILURE_IMPORTS:
+        importlib.import_module(name)
 
 
 class Worker:
