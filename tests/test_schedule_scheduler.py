@@ -112,6 +112,35 @@ def test_a_barrier_releases_every_party_once_the_last_arrives():
     assert sorted(indices) == [0, 1, 2]
 
 
+def test_a_barrier_reset_breaks_it_for_its_waiters_then_a_full_set_of_parties_passes():
+    # #55586's unwind resets the runner's ready barrier at the start of every run.
+    errors: list[str] = []
+    passed: list[int] = []
+    with ScheduledRun(RANDOM) as run:
+        p = run.primitives
+        barrier = p.barrier(2, "ready")
+
+        def early():
+            try:
+                barrier.wait()
+            except threading.BrokenBarrierError:
+                errors.append("early")
+
+        waiter = p.thread(early, "early")
+        waiter.start()
+        while barrier.n_waiting == 0:
+            p.point("spin")
+        barrier.reset()
+        waiter.join()
+        barrier.abort()
+        barrier.reset()
+        assert not barrier.broken
+        p.thread(lambda: passed.append(barrier.wait()), "late").start()
+        passed.append(barrier.wait())
+    assert errors == ["early"]
+    assert sorted(passed) == [0, 1]
+
+
 def _two_waiters_nobody_wakes(p):
     a, b = p.event("a"), p.event("b")
     threads = [p.thread(a.wait, "waits-on-a"), p.thread(b.wait, "waits-on-b")]

@@ -33,6 +33,8 @@ from harness.bench.examples import decode_examples
 from harness.bench.multinode import dp4_rows, print_dp4
 from harness.bench.reach import print_reach_table
 from harness.bench.rebuilds import print_rebuilds, rebuild_rows, sandbox_rows
+from harness.bench.schedules import add_arguments as add_schedule_arguments
+from harness.bench.schedules import run_from_args as print_schedule_costs
 from harness.bench.staging import DRAWS, print_staging_table
 from harness.check.judge import judge
 from harness.check.stream import judge_stream
@@ -221,6 +223,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="the torchrun world's backend in the throughput, floor and "
                         "rebuild rows (nccl: on a GPU, ranks sharing it where there are "
                         "fewer GPUs)")
+    add_schedule_arguments(parser)
     return parser
 
 
@@ -268,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
             print_staging_table(args.staging_draws)
         if args.reach_seconds:
             print_reach_table(args.reach_seconds)
+        print_schedule_costs(parser, args)
     if args.detection_seeds:
         print_detection_table(args)
     return 0

@@ -81,11 +81,13 @@ class VllmScheduling:
             if not schedule.controlled:
                 yield step
                 return
-            with self._routed(step.primitives):
+            with self.routed(step.primitives):
                 yield step
 
     @contextmanager
-    def _routed(self, primitives: Primitives) -> Iterator[None]:
+    def routed(self, primitives: Primitives) -> Iterator[None]:
+        """The modules routed through `primitives` for the block (a run `explore` drives
+        with its own scheduler: harness/vllm_exec/proof.py)."""
         u, context = self.ubatching, self.ubatching.UBatchContext
         update_stream, register = context.update_stream, u.dbo_register_recv_hook
 

@@ -142,6 +142,18 @@ class ControlledBarrier:
         self._sched.point(f"{self.name}.abort")
         self._break()
 
+    def reset(self) -> None:
+        """As threading's: waiters (if any) get BrokenBarrierError, then the barrier is whole
+        and empty again. A point only when it woke someone (#55586's unwind resets it)."""
+        woken = self._count > 0
+        if woken:
+            self._sched.wake(self._generation, False)
+        self._count = 0
+        self._broken = False
+        self._generation = _Generation()
+        if woken:
+            self._sched.point(f"{self.name}.reset")
+
     def _break(self) -> None:
         self._broken = True
         self._sched.wake(self._generation, False)
