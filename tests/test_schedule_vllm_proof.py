@@ -29,6 +29,14 @@ def test_every_schedule_with_one_preemption_holds_under_the_unwind_patch_at_k2(s
     assert found.visited > 1
 
 
+@pytest.mark.parametrize("stage", STAGES)
+def test_a_capture_run_holds_under_every_schedule_with_the_unwind_patch_and_not_without(stage):
+    patched = prove(Step(2, stage, 0, UNWIND, capture=True), Schedule("exhaustive", preemptions=1))
+    assert patched.complete and patched.held, patched.findings[:1]
+    unpatched = prove(Step(2, stage, 0, capture=True), Schedule("exhaustive", preemptions=1))
+    assert unpatched.held is (stage == "none")
+
+
 @pytest.mark.parametrize("stage, faulty", [(s, f) for s, f in CASES if s != "none"])
 def test_unpatched_vllm_hangs_or_crashes_under_a_schedule_that_replays_it(stage, faulty):
     step = Step(2, stage, faulty)

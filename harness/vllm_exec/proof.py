@@ -17,7 +17,7 @@ varies. Every run is judged:
 - a raising stage: the runner's `RuntimeError("Microbatch i of k failed ...")` caused by the
   injected fault, naming the faulty microbatch where it raised in its own thread.
 
-    python -m harness.vllm_exec.proof --vllm-patch scenarios/vllm/patches/pr55586-unwind.diff
+    python -m harness.vllm_exec.proof --vllm-patch scenarios/vllm/patches/0.34/pr55586-unwind.diff
 """
 
 from __future__ import annotations
@@ -59,6 +59,8 @@ class Step:
     stage: str = "none"
     faulty: int = 0  # the microbatch the stage hits (raise_in_setup: the n-th to set up)
     patches: tuple[VllmPatch, ...] = ()
+    # As a graph capture runs it: threads started for capture, finished inside the capture.
+    capture: bool = False
 
     def __post_init__(self) -> None:
         if self.k < 2:
@@ -159,6 +161,13 @@ class _Rank:
             self.stand_ins.thread_setup.arm(None)
             forward_context._forward_context = saved
 
+    def capturing(self, capture: bool) -> contextlib.AbstractContextManager:
+        """A capture on the runner's capture stream (the emulated graph), or nothing."""
+        if not capture:
+            return contextlib.nullcontext()
+        cuda = self.stand_ins.proxy.cuda
+        return cuda.graph(cuda.CUDAGraph(), stream=self.runner.capture_stream)
+
     def leftovers(self) -> tuple[str, ...]:
         u = self.code.ubatching
         left = [f"_CURRENT_CONTEXTS[{i}] is set" for i, c in enumerate(u._CURRENT_CONTEXTS)
@@ -192,8 +201,10 @@ def scenario_of(step: Step):
         try:
             with rank.fresh(step), torch.inference_mode(), rank.scheduling.routed(primitives):
                 try:
-                    finish = rank.runner.begin_capturable_run(model, inputs, rank.state(step.k))
-                    return record, finish()
+                    finish = rank.runner.begin_capturable_run(model, inputs, rank.state(step.k),
+                                                              for_capture=step.capture)
+                    with rank.capturing(step.capture):
+                        return record, finish()
                 finally:
                     record.leftovers = rank.leftovers()
         except BaseException as exc:
@@ -303,6 +314,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="fault stage (repeatable; default every one)")
     parser.add_argument("--faulty", type=int, action="append",
                         help="the microbatch the stage hits (repeatable; default every one)")
+    parser.add_argument("--capture", action="store_true",
+                        help="run the step as a graph capture runs it (threads started for "
+                        "capture, finished inside the emulated capture)")
     return parser
 
 
@@ -311,7 +325,7 @@ def _steps(args: argparse.Namespace, patches: tuple[VllmPatch, ...]) -> list[Ste
     for k in args.k or [2, 3]:
         for stage in args.stage or STAGES:
             faulty = [0] if stage == "none" else args.faulty or range(k)
-            steps += [Step(k, stage, f, patches) for f in faulty if f < k]
+            steps += [Step(k, stage, f, patches, args.capture) for f in faulty if f < k]
     return steps
 
 
@@ -328,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         patches = tuple(read_patch(p) for p in args.vllm_patch)
         steps = _steps(args, patches)
-        print(f"vLLM {vllm_version()}, patches: {', '.join(p.name for p in patches) or 'none'}")
+        print(f"vLLM {vllm_version()}, patches: {', '.join(p.name for p in patches) or 'none'}"
+              f"{', as a capture' if args.capture else ''}")
         print(f"{'stage':24} {'faulty':>6} {'k':>2} {'preemptions':>11} {'schedules':>10} "
               f"{'complete':>8} {'held':>5} {'seconds':>8}", flush=True)
         held = True
