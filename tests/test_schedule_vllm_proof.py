@@ -1,16 +1,20 @@
 """vLLM's own ubatching.py under every schedule of one step (harness/vllm_exec/proof.py,
 docs/schedules.md): with #55586's unwind patch every schedule of a fault-free step and of each
 fault stage holds within the preemption bound; unpatched vLLM hangs or crashes under a named
-schedule that replays the same verdict; the judge fails a step that leaves a crash or vLLM's
+schedule that replays the same verdict; a handoff race planted in a test-only patch is found
+without a fault at two preemptions and replays; the judge fails a step that leaves a crash or vLLM's
 global state behind. Skipped where vLLM does not import."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 from vllm_releases import release_patch
 
 from harness.faults import InjectedFault
 from harness.runtime.schedule import Schedule, run_once
+from harness.vllm_code.source import read_patch
 from harness.vllm_exec.proof import STAGES, Step, _Record, judge_of, main, prove, scenario_of
 from harness.vllm_sut.available import unavailable_reason, vllm_version
 
@@ -18,6 +22,7 @@ if vllm_version() is None:
     pytest.skip(unavailable_reason(), allow_module_level=True)
 
 UNWIND = (release_patch("pr55586-unwind.diff"),)
+RACE = Path(__file__).resolve().parent / "data" / "vllm" / "restore-before-wait.diff"
 FAULTS = [s for s in STAGES if s != "none"]
 CASES = [("none", 0)] + [(s, f) for s in FAULTS for f in (0, 1)]
 
@@ -53,6 +58,21 @@ def test_unpatched_vllm_hangs_or_crashes_under_a_schedule_that_replays_it(stage,
         # The first line names the verdict (a deadlock's report goes on with the stacks).
         assert verdict.splitlines()[0] == finding.verdict.splitlines()[0]
         assert trace.choices == finding.trace.choices
+
+
+def test_the_planted_restore_before_wait_race_needs_two_preemptions_and_replays():
+    race = (read_patch(RACE),)
+    step = Step(2, "none", 0, race)
+    within_one = prove(step, Schedule("exhaustive", preemptions=1))
+    assert within_one.complete and within_one.held
+    found = prove(step, Schedule("exhaustive", preemptions=2))
+    assert not found.held
+    finding = found.findings[0]
+    assert finding.verdict.startswith("microbatch ") and "AssertionError" in finding.verdict
+    assert sum(d.preemptive for d in finding.trace.decisions) == 2
+    for _ in range(10):
+        trace, verdict = run_once(finding.trace.schedule, scenario_of(step), judge_of(step))
+        assert verdict == finding.verdict and trace.choices == finding.trace.choices
 
 
 def test_a_sibling_crashing_after_the_fault_is_named_even_when_the_runner_names_the_fault():
