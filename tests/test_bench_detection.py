@@ -14,8 +14,11 @@ import harness.bench.detection as detection
 import harness.vllm_sut.available as available
 from harness.bench.detection import (
     COLUMNS,
+    KNOWN_FIX,
     STEERED,
     UNSTEERED,
+    VLLM_ROWS,
+    VLLM_SHIPPED,
     VLLM_SLIPS,
     DetectionRow,
     detection_rows,
@@ -24,7 +27,7 @@ from harness.bench.detection import (
 )
 from harness.config import Release
 from harness.fuzz.unsteered import REFERENCE, unsteered
-from harness.fuzz.variants import EXEC_VARIANTS, VARIANTS
+from harness.fuzz.variants import EXEC_VARIANTS, VARIANTS, reference_for
 
 
 class FakePool:
@@ -83,12 +86,41 @@ def _with_vllm(monkeypatch):
     monkeypatch.setattr(available, "installed_release", lambda: Release.V0_33)
 
 
-def test_the_planted_slips_under_vllms_execution_are_timed_and_its_own_hunts_are_not():
+def test_vllms_shipped_execution_bugs_and_the_planted_slips_are_timed_but_no_reference():
     assert set(VLLM_SLIPS) == {"ht-missing-compute-wait", "ids-gather-early-wait"}
+    assert VLLM_SHIPPED == ("vllm-exec-hang", "vllm-exec-crash")
     names = timed_variants()
-    assert set(VLLM_SLIPS) <= set(names)
-    assert not {"vllm-exec", "vllm-exec-hang", "vllm-exec-crash", "reference"} & set(names)
+    assert set(VLLM_SLIPS) <= set(names) and set(VLLM_SHIPPED) <= set(names)
+    assert not {"vllm-exec", "reference"} & set(names)
     assert {n for n, v in VARIANTS.items() if not v.is_reference} <= set(names)
+
+
+def test_the_reference_column_hunts_vllms_bugs_with_the_references_draws_under_its_execution(
+        monkeypatch, fake_search):
+    _with_vllm(monkeypatch)
+    rows = detection_rows("torchrun", [7, 8, 9], 5.0, names=VLLM_ROWS, columns=(UNSTEERED,))
+    assert [row.variant for row in rows] == list(VLLM_ROWS)
+    executing = reference_for((("execution", "vllm"),))
+    for search in fake_search:
+        variant, name = search["variant"], search["variant"].name
+        assert variant == unsteered(EXEC_VARIANTS[name])
+        assert dict(variant.setting) == {"sut": "vllm", "execution": "vllm"}
+        assert (variant.fault_kinds, variant.fault_every) == (executing.fault_kinds,
+                                                              executing.fault_every)
+        assert variant.drawn == executing.drawn  # no draw of the hunt's own survives
+        # A shipped bug keeps its class filter; a slip is hunted with none, on vLLM with
+        # #55586's fix, so that the reference's faults do not find #55586 instead.
+        patches = [p.name for p in search["fixed"].get("vllm_patches", ())]
+        if name in VLLM_SHIPPED:
+            assert search["hunt"] == EXEC_VARIANTS[name].hunt and patches == []
+        else:
+            assert search["hunt"] is None and patches == [KNOWN_FIX]
+            opened = next(o for o in FakePool.opened if o["pool"] is search["pool"])
+            warm = [s for s in opened["pool"].ran if s.config.system.vllm_patches]
+            assert [p.name for p in warm[0].config.system.vllm_patches] == [KNOWN_FIX]
+    assert {row.note for row in rows if row.variant in VLLM_SLIPS} == {
+        f"on vLLM with {KNOWN_FIX}"}
+    assert all(row.note == "" for row in rows if row.variant in VLLM_SHIPPED)
 
 
 @pytest.mark.parametrize("world", ["sim", "torchrun"])

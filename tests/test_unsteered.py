@@ -18,9 +18,10 @@ from harness.fuzz.unsteered import (
     STEERING_FIELDS,
     faults_never_drawn,
     reference_fault_note,
+    shipped_class_hunt,
     unsteered,
 )
-from harness.fuzz.variants import EXEC_VARIANTS, VARIANTS, Variant
+from harness.fuzz.variants import EXEC_VARIANTS, VARIANTS, Variant, reference_for
 
 # Every field set away from the reference's: a steering value that leaks through shows.
 FULLY_STEERED = Variant(
@@ -47,22 +48,26 @@ def test_every_field_of_a_variant_is_classified_as_bug_or_steering():
 
 def test_unsteered_keeps_each_bug_field_and_takes_each_steering_field_from_the_reference():
     hunted = unsteered(FULLY_STEERED)
+    reference = reference_for(FULLY_STEERED.setting)  # under vLLM's execution, its search there
     for f in fields(Variant):
         if f.name in BUG_FIELDS:
             assert getattr(hunted, f.name) == getattr(FULLY_STEERED, f.name), f.name
         elif f.name in STEERING_FIELDS:
-            assert getattr(hunted, f.name) == getattr(REFERENCE, f.name), f.name
+            assert getattr(hunted, f.name) == getattr(reference, f.name), f.name
     # Of the split fields, only the system under test and the bug's own switches stay.
     assert hunted.setting == (("execution", "vllm"),)
-    assert [name for name, _ in hunted.drawn] == ["threshold_offset"]
+    assert [name for name, _ in hunted.drawn] == [
+        *(name for name, _ in reference.drawn), "threshold_offset"]
 
 
 def test_nothing_the_search_narrows_with_survives_unsteering():
     hunted = unsteered(FULLY_STEERED)
     for name in SEARCH_NARROWING:
-        assert getattr(hunted, name) == getattr(REFERENCE, name), f"{name} leaked through"
+        assert getattr(hunted, name) == getattr(reference_for(FULLY_STEERED.setting), name), \
+            f"{name} leaked through"
     assert {n for n, _ in hunted.setting} <= {f.name for f in fields(System)}
-    assert {n for n, _ in hunted.drawn} <= {f.name for f in fields(Mutation)}
+    own = hunted.drawn[len(reference_for(FULLY_STEERED.setting).drawn):]
+    assert {n for n, _ in own} <= {f.name for f in fields(Mutation)}
 
 
 @pytest.mark.parametrize("variant", BUGS, ids=lambda v: v.name)
@@ -73,8 +78,34 @@ def test_every_bug_unsteered_plants_the_same_bug_under_the_references_search(var
     assert hunted.changes == tuple((n, v) for n, v in variant.changes
                                    if n in system or n in variant.mutation.planted())
     assert hunted.undo == variant.undo  # the same switches take the bug out again
+    reference = reference_for(variant.setting)
     for name in SEARCH_NARROWING:
-        assert getattr(hunted, name) == getattr(REFERENCE, name), name
+        kept = name == "hunt" and shipped_class_hunt(variant)
+        assert getattr(hunted, name) == getattr(variant if kept else reference, name), name
+
+
+@pytest.mark.parametrize("name", ["vllm-exec-hang", "vllm-exec-crash", "ht-missing-compute-wait",
+                                  "ids-gather-early-wait"])
+def test_each_vllm_execution_bug_unsteered_keeps_its_code_and_draws_the_references_faults(name):
+    variant = EXEC_VARIANTS[name]
+    hunted = unsteered(variant)
+    assert dict(hunted.setting) == {"sut": "vllm", "execution": "vllm"}
+    assert hunted.mutation == variant.mutation and hunted.caught_by == variant.caught_by
+    assert set(variant.fault_kinds) <= set(hunted.fault_kinds)  # the reference draws them all
+    assert reference_fault_note(variant) == ""
+    # Its own pins (eager, thresholds 4, an overlap style) are gone: the reference's stay.
+    assert hunted.drawn == reference_for(variant.setting).drawn
+    # #55586's two failures are told apart by class, as the plain search hunts them; a
+    # planted slip is hunted with no filter.
+    assert hunted.hunt == (variant.hunt if not variant.mutation.planted() else None)
+
+
+def test_a_class_filter_is_kept_only_for_a_hunt_of_code_as_it_ships():
+    assert shipped_class_hunt(EXEC_VARIANTS["vllm-exec-hang"])
+    assert not shipped_class_hunt(EXEC_VARIANTS["ht-missing-compute-wait"])  # planted
+    assert not shipped_class_hunt(EXEC_VARIANTS["vllm-exec"])  # the fault-free reference
+    assert not shipped_class_hunt(FULLY_STEERED)  # planted, hunted by one checker
+    assert unsteered(FULLY_STEERED).hunt is None
 
 
 def test_a_bug_drawn_as_its_mutation_keeps_those_draws():

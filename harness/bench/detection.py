@@ -1,32 +1,52 @@
 """Time and examples to detection of every planted bug, from an empty example database and
 fresh random seeds: the fuzzer's speed where it matters (part of `make bench`).
 
-The harness's variants, then the stream-order slips planted under vLLM's execution code
-(docs/spec.md §11.3, §11.5), each on its own setting (sut vllm, exec vllm); where vllm does
-not import, their rows say so instead of vanishing. A bug counts as detected only when found
+The harness's variants, then vLLM's execution bugs: #55586's hang and crash as vLLM ships
+them, and the stream-order slips planted there (docs/spec.md §10.2, §11.3, §11.5), each on its
+own setting (sut vllm, exec vllm); where vllm does not import, their rows say so instead of
+vanishing. A bug counts as detected only when found
 as itself (harness/fuzz/variants.py `detection`); a seed that found it as another checker
 is a miss, shown as "found as X".
 
 Two columns: steered, each variant's own search (its draws, faults and hunt narrow toward its
 bug), and reference, its bug alone hunted by the reference's strategies (what a user's `fuzz`
-runs: harness/fuzz/unsteered.py)."""
+runs: harness/fuzz/unsteered.py; under vLLM's execution, the reference's search there, with a
+shipped bug's class filter). A slip's reference row runs on vLLM with #55586's fix applied
+(KNOWN_FIX), so that it times the slip alone: the reference's faults would find #55586 first."""
 
 from __future__ import annotations
 
 import random
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from harness.fuzz.engine import FUZZ_TIMEOUTS, SIM_DP_SIZES, Budget, fuzz
 from harness.fuzz.unsteered import REFERENCE, reference_fault_note, unsteered
-from harness.fuzz.variants import EXEC_VARIANTS, FOUND, NOT_FOUND, VARIANTS, Variant, detection
+from harness.fuzz.variants import (
+    EXEC_DEFAULT_HUNTS,
+    EXEC_VARIANTS,
+    FOUND,
+    NOT_FOUND,
+    VARIANTS,
+    Variant,
+    detection,
+    reference_for,
+)
 from harness.scenario import Scenario, scenario_from_dict
 from harness.world.pool import WorldPool
 
 GOAL_S = 30.0
 # The slips planted over vLLM's execution: its own hunts (no mutation) find shipped bugs.
 VLLM_SLIPS = tuple(name for name, v in EXEC_VARIANTS.items() if v.mutation.planted())
+# vLLM's execution bugs as it ships them: one row per failure class the plain search hunts.
+VLLM_SHIPPED = EXEC_DEFAULT_HUNTS
+VLLM_ROWS = (*VLLM_SHIPPED, *VLLM_SLIPS)
+# The fix of #55586's failures (docs/spec.md §10.3), under the installed release's directory
+# where it was rebased, else as written against 0.33.0.
+PATCHES = Path(__file__).resolve().parents[2] / "scenarios" / "vllm" / "patches"
+KNOWN_FIX = "pr55586-unwind.diff"
 # vLLM's execution keeps a process per rank, so on the sim world too it runs on a torchrun
 # world (harness.world.world_for): DP 2 on both, as on the torchrun world.
 VLLM_DP = 2
@@ -61,8 +81,9 @@ class DetectionRow:
 
 
 def timed_variants() -> tuple[str, ...]:
-    """Every name the table can time: the harness's planted bugs, then vLLM's slips."""
-    return (*(name for name, v in VARIANTS.items() if not v.is_reference), *VLLM_SLIPS)
+    """Every name the table can time: the harness's planted bugs, then vLLM's execution
+    bugs (shipped, then planted slips)."""
+    return (*(name for name, v in VARIANTS.items() if not v.is_reference), *VLLM_ROWS)
 
 
 def detection_rows(world: str, seeds: list[int], budget_s: float,
@@ -70,8 +91,8 @@ def detection_rows(world: str, seeds: list[int], budget_s: float,
                    columns: tuple[str, ...] = (STEERED,)) -> list[DetectionRow]:
     """Rows for every planted bug, or for those `names` only: one per column of each."""
     chosen = [name for name in timed_variants() if names is None or name in names]
-    planted = [VARIANTS[name] for name in chosen if name not in VLLM_SLIPS]
-    slips = [name for name in chosen if name in VLLM_SLIPS]
+    planted = [VARIANTS[name] for name in chosen if name not in VLLM_ROWS]
+    slips = [name for name in chosen if name in VLLM_ROWS]
     nproc = None if world == "sim" else 2
     rows = []
     if planted:
@@ -89,7 +110,7 @@ def detection_rows(world: str, seeds: list[int], budget_s: float,
 
 def vllm_slip_rows(world: str, seeds: list[int], budget_s: float, names: list[str],
                    columns: tuple[str, ...] = (STEERED,)) -> list[DetectionRow]:
-    """The rows of vLLM's execution slips; each one a skipped row where vllm does not import."""
+    """The rows of vLLM's execution bugs; each one a skipped row where vllm does not import."""
     from harness.vllm_sut.available import installed_release, unavailable_reason, vllm_version
 
     if vllm_version() is None:
@@ -100,14 +121,29 @@ def vllm_slip_rows(world: str, seeds: list[int], budget_s: float, names: list[st
     nproc = None if world == "sim" else VLLM_DP  # the sim world opens its torchrun one
     with WorldPool(world, "gloo", FUZZ_TIMEOUTS, nproc, preload_vllm=True) as pool:
         rows = []
-        for name in names:
+        for name, column in ((name, column) for name in names for column in columns):
             variant = EXEC_VARIANTS[name]
+            fixed = {**release, **alone(variant, column, release["release"])}
             # Ranks that import vLLM start in tens of seconds: started before the clock runs,
-            # as the torchrun world of the harness's rows is.
-            pool.run(warm_up(variant, release))
-            rows += [_row(world, variant, pool, (VLLM_DP,), seeds, budget_s, release, column)
-                     for column in columns]
+            # as the torchrun world of the harness's rows is (and on the code it hunts).
+            pool.run(warm_up(variant, fixed))
+            row = _row(world, variant, pool, (VLLM_DP,), seeds, budget_s, fixed, column)
+            fix = ", ".join(p.name for p in fixed.get("vllm_patches", ()))
+            rows.append(replace(row, note=f"on vLLM with {fix}") if fix else row)
     return rows
+
+
+def alone(variant: Variant, column: str, release: str) -> dict:
+    """The fields that leave `variant`'s bug alone in `column`: a slip hunted by the
+    reference's faults runs on vLLM with #55586 fixed; anything else needs none."""
+    if column == STEERED or variant.name not in VLLM_SLIPS:
+        return {}
+    if not unsteered(variant).fault_kinds:
+        return {}
+    from harness.vllm_code.source import read_patch
+
+    rebased = PATCHES / ".".join(release.split(".")[:2]) / KNOWN_FIX
+    return {"vllm_patches": (read_patch(rebased if rebased.is_file() else PATCHES / KNOWN_FIX),)}
 
 
 def warm_up(variant: Variant, fixed: dict | None = None) -> Scenario:
@@ -210,16 +246,27 @@ def _print_legend(rows: list[DetectionRow], columns: list[str]) -> None:
     print(f"{PER_SEED}: seconds and examples to detection as itself; -: not found as "
           f"itself within the budget")
     if UNSTEERED in columns:
-        faults = ", ".join(kind.value for kind in REFERENCE.fault_kinds) or "none"
-        drafts = (f"drafts in 1 config in {REFERENCE.drafts_every}" if REFERENCE.drafts_every
-                  else "no drafts")
         print(f"{STEERED}: the variant's own search (its draws, faults and hunt); "
-              f"{UNSTEERED}: its bug alone under the reference's search (k from "
-              f"{REFERENCE.ubatch_counts}, {drafts}, faults {faults} in 1 scenario in "
-              f"{REFERENCE.fault_every}, no hunt filter)")
-    if any(row.variant in VLLM_SLIPS and not row.skipped for row in rows):
-        print(f"{', '.join(VLLM_SLIPS)}: sut vllm, exec vllm, DP {VLLM_DP} on torchrun rank "
+              f"{UNSTEERED}: its bug alone under the reference's search ("
+              f"{_reference_draws(REFERENCE)}, no hunt filter)")
+    if UNSTEERED in columns and any(row.variant in VLLM_ROWS for row in rows):
+        print(f"{UNSTEERED} under vLLM's execution: {_reference_draws(_EXEC_REFERENCE)}, "
+              f"configs leaning to eager microbatched steps; {', '.join(VLLM_SHIPPED)} keep "
+              f"their class filter (the plain --sut vllm --exec vllm hunts each class)")
+    if any(row.variant in VLLM_ROWS and not row.skipped for row in rows):
+        print(f"{', '.join(VLLM_ROWS)}: sut vllm, exec vllm, DP {VLLM_DP} on torchrun rank "
               f"processes on either world (vLLM's execution keeps a process per rank)")
+
+
+_EXEC_REFERENCE = reference_for((("execution", "vllm"),))
+
+
+def _reference_draws(reference: Variant) -> str:
+    faults = ", ".join(kind.value for kind in reference.fault_kinds) or "none"
+    drafts = (f"drafts in 1 config in {reference.drafts_every}" if reference.drafts_every
+              else "no drafts")
+    return (f"k from {reference.ubatch_counts}, {drafts}, faults {faults} in 1 scenario in "
+            f"{reference.fault_every}")
 
 
 def _fmt(value: float | None) -> str:

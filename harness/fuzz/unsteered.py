@@ -8,7 +8,7 @@ from dataclasses import fields, replace
 
 from harness.config_parts import Mutation, System
 from harness.faults import FaultKind
-from harness.fuzz.variants import VARIANTS, Variant
+from harness.fuzz.variants import VARIANTS, Variant, reference_for
 
 # The bug: what is planted, where, and the checkers that name it. Kept from the variant.
 BUG_FIELDS = ("name", "summary", "mutation", "under_test", "caught_by", "min_steps",
@@ -20,8 +20,10 @@ SPLIT_FIELDS = ("setting", "drawn")
 REFERENCE = VARIANTS["reference"]
 
 
-def unsteered(variant: Variant, reference: Variant = REFERENCE) -> Variant:
-    """`reference` given `variant`'s bug and nothing of its steering.
+def unsteered(variant: Variant, reference: Variant | None = None) -> Variant:
+    """`reference` (by default the one for `variant`'s setting: under vLLM's execution, the
+    reference's search there, harness/fuzz/variants.py `reference_for`) given `variant`'s bug
+    and nothing of its steering.
 
     The bug, kept: `mutation` (the switch planted); `under_test` and the entries of `setting`
     that are fields of System (`sut`, `execution`, ...: the vLLM code the bug lives in; a
@@ -35,23 +37,35 @@ def unsteered(variant: Variant, reference: Variant = REFERENCE) -> Variant:
     Steering, the reference's: `ubatch_counts`, `drafts_every`, the config fields `drawn`
     narrows (graph modes, capture sizes, drafts), `fault_kinds` and `fault_every` (a
     protocol bug must show under the reference's own fault draws: `reference_fault_note`),
-    and `hunt` (a filter on which checkers' failures count)."""
+    and `hunt` (a filter on which checkers' failures count), except for a bug of vLLM's code
+    as it ships (`shipped_class_hunt`)."""
+    reference = reference or reference_for(variant.setting)
     system = {f.name for f in fields(System)}
     switches = {f.name for f in fields(Mutation)}
     bug = {name: getattr(variant, name) for name in BUG_FIELDS}
     return replace(
         reference, **bug,
         setting=(*reference.setting, *((n, v) for n, v in variant.setting if n in system)),
-        drawn=(*reference.drawn, *((n, s) for n, s in variant.drawn if n in switches)))
+        drawn=(*reference.drawn, *((n, s) for n, s in variant.drawn if n in switches)),
+        hunt=variant.hunt if shipped_class_hunt(variant) else reference.hunt)
 
 
-def faults_never_drawn(variant: Variant, reference: Variant = REFERENCE
+def shipped_class_hunt(variant: Variant) -> bool:
+    """A hunt for one failure class of vLLM's code as it ships (nothing planted): its filter
+    is kept. The user's plain `--sut vllm --exec vllm` runs one search per class
+    (EXEC_DEFAULT_HUNTS), since one code shows both of #55586's failures and a search ends at
+    its first; the filter narrows no draw."""
+    return bool(variant.hunt) and not variant.is_reference and not variant.mutation.planted()
+
+
+def faults_never_drawn(variant: Variant, reference: Variant | None = None
                        ) -> tuple[FaultKind, ...]:
     """The faults `variant`'s own search injects that the reference's never draws."""
+    reference = reference or reference_for(variant.setting)
     return tuple(kind for kind in variant.fault_kinds if kind not in reference.fault_kinds)
 
 
-def reference_fault_note(variant: Variant, reference: Variant = REFERENCE) -> str:
+def reference_fault_note(variant: Variant, reference: Variant | None = None) -> str:
     """What a row hunted by the reference must say of its faults ("" when it draws them all)."""
     missing = faults_never_drawn(variant, reference)
     if not missing:

@@ -9,7 +9,7 @@ decision that differs from the spec's is that bug showing (its consequence prefe
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from hypothesis import strategies as st
@@ -292,6 +292,43 @@ EXEC_VARIANTS: dict[str, Variant] = {v.name: v for v in (
 )}
 # What `--sut vllm --exec vllm --variant all` hunts: vLLM's execution code as it ships.
 EXEC_DEFAULT_HUNTS = ("vllm-exec-hang", "vllm-exec-crash")
+
+# The reference's search where vLLM's code executes the steps (docs/spec.md §10.4): its faults
+# are the stages of a microbatch thread's life, and a thread runs only in an eager
+# microbatched step, so the configs lean there. Half the configs capture no graph; the
+# thresholds and request limit are drawn low, so that a step of the fuzzer's few tokens
+# splits; four microbatches, which seldom split such a step, are drawn one config in five.
+# The overlap style is drawn (high throughput needs NONE: its other draws are rejected).
+EXEC_REFERENCE_FAULT_EVERY = 2  # a fault-free scenario still shows a slip in the streams
+EXEC_REFERENCE_DRAFTS_EVERY = 8
+EXEC_REFERENCE_UBATCH_COUNTS = (2, 3, 2, 3, 4)
+EXEC_REFERENCE_DRAWN = (
+    ("cudagraph_mode", st.sampled_from(("NONE", "NONE", "NONE", "FULL", "FULL_DECODE_ONLY",
+                                        "FULL_AND_PIECEWISE"))),
+    ("all2all_backend", st.sampled_from(("deepep_low_latency", "deepep_high_throughput"))),
+    ("decode_threshold", st.sampled_from((4, 4, 8, 16))),
+    ("prefill_threshold", st.sampled_from((4, 4, 8, 16, 32))),
+    ("max_num_reqs", st.sampled_from((64, 64, 32))))
+
+
+def executing_vllm(reference: Variant) -> Variant:
+    """`reference`'s search where vLLM's own code executes the steps: every fault of a
+    microbatch thread's life, drawn where the threads run."""
+    return replace(reference, fault_kinds=EXEC_FAULTS, fault_every=EXEC_REFERENCE_FAULT_EVERY,
+                   drafts_every=EXEC_REFERENCE_DRAFTS_EVERY,
+                   ubatch_counts=EXEC_REFERENCE_UBATCH_COUNTS,
+                   drawn=(*EXEC_REFERENCE_DRAWN, *reference.drawn))
+
+
+def executes_vllm(setting: tuple[tuple[str, Any], ...]) -> bool:
+    return ("execution", "vllm") in setting
+
+
+def reference_for(setting: tuple[tuple[str, Any], ...]) -> Variant:
+    """The reference whose search hunts a bug living in `setting`: under vLLM's execution,
+    `executing_vllm`'s; else the reference as it is."""
+    reference = VARIANTS["reference"]
+    return executing_vllm(reference) if executes_vllm(setting) else reference
 
 
 def _known(variant_name: str) -> Variant | None:
