@@ -118,6 +118,8 @@ def test_the_reference_column_hunts_vllms_bugs_with_the_references_draws_under_i
             opened = next(o for o in FakePool.opened if o["pool"] is search["pool"])
             warm = [s for s in opened["pool"].ran if s.config.system.vllm_patches]
             assert [p.name for p in warm[0].config.system.vllm_patches] == [KNOWN_FIX]
+    # The world is warmed before each seed: a hang of the seed before costs no relaunch here.
+    assert [s["warmed"] for s in fake_search] == list(range(1, len(fake_search) + 1))
     assert {row.note for row in rows if row.variant in VLLM_SLIPS} == {
         f"on vLLM with {KNOWN_FIX}"}
     assert all(row.note == "" for row in rows if row.variant in VLLM_SHIPPED)

@@ -125,9 +125,10 @@ def vllm_slip_rows(world: str, seeds: list[int], budget_s: float, names: list[st
             variant = EXEC_VARIANTS[name]
             fixed = {**release, **alone(variant, column, release["release"])}
             # Ranks that import vLLM start in tens of seconds: started before the clock runs,
-            # as the torchrun world of the harness's rows is (and on the code it hunts).
-            pool.run(warm_up(variant, fixed))
-            row = _row(world, variant, pool, (VLLM_DP,), seeds, budget_s, fixed, column)
+            # as the torchrun world of the harness's rows is (and on the code it hunts), and
+            # again before each seed, whose world a hang of the seed before left to relaunch.
+            row = _row(world, variant, pool, (VLLM_DP,), seeds, budget_s, fixed, column,
+                       warm=warm_up(variant, fixed))
             fix = ", ".join(p.name for p in fixed.get("vllm_patches", ()))
             rows.append(replace(row, note=f"on vLLM with {fix}") if fix else row)
     return rows
@@ -156,10 +157,12 @@ def warm_up(variant: Variant, fixed: dict | None = None) -> Scenario:
 
 def _row(world: str, variant: Variant, pool: WorldPool, dp_sizes: tuple[int, ...],
          seeds: list[int], budget_s: float, fixed: dict | None = None,
-         column: str = STEERED) -> DetectionRow:
+         column: str = STEERED, warm: Scenario | None = None) -> DetectionRow:
     hunted = variant if column == STEERED else unsteered(variant)
     seconds, examples, detections = [], [], []
     for seed in seeds:
+        if warm is not None:  # off the clock: the world each seed starts from is ready
+            pool.run(warm)
         # Detection only: no shrinking, so every seed costs at most the budget.
         outcome = fuzz(hunted, pool.run, world=world, dp_sizes=dp_sizes,
                        budget=Budget(seconds=budget_s, shrink_seconds=0.0), database=None,
