@@ -1,16 +1,21 @@
 """What a faulted example costs an NCCL world (harness/world/torchrun/local_agent.py,
 agent_launch.py, worker.py): several spares boot at once, the oldest is taken first, the
-world ends without the exit grace, and a rank imports at boot what torch imports at its first
-failed collective. The process-free parts run here; the GPU ones skip with their reason."""
+world ends without the exit grace, a rank imports at boot what torch imports at its first
+failed collective, and a start-up that left the device held says so within a collective bound
+(harness/sut/rank_runtime.py). All of it runs here, on stand-ins for processes and devices."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
+import torch
 
+from harness.runtime.device_fence import DeviceFence
+from harness.sut.rank_runtime import RankRuntime
 from harness.timeouts import DEFAULT_TIMEOUTS
 from harness.world.channel.links import RankLinks
 from harness.world.torchrun import agent_launch, worker
@@ -85,3 +90,41 @@ def test_an_nccl_rank_imports_at_boot_what_torch_imports_at_its_first_failed_col
     monkeypatch.setattr("importlib.import_module", imported.append)
     worker.preload_failure_imports()
     assert imported == ["torch._inductor"]
+
+
+class _Event:
+    def __init__(self, done: bool) -> None:
+        self.done = done
+
+    def query(self) -> bool:
+        return self.done
+
+
+def startup_runtime(device_done: bool) -> RankRuntime:
+    """A rank runtime with nothing to capture whose device work finishes or never does."""
+    runtime = RankRuntime.__new__(RankRuntime)
+    runtime.rank = 1
+    runtime.manager = SimpleNamespace(capture_all=lambda: None, captured={})
+    runtime.table = SimpleNamespace(capture_order=lambda: ())
+    runtime.runner = SimpleNamespace(has_pending_run=False, alive_threads=lambda: ())
+    runtime.fence = DeviceFence(lambda: ["capture"], 0.05,
+                                record=lambda stream: _Event(device_done))
+    runtime.cache = SimpleNamespace(state=torch.ones(3))
+    runtime._initial_state = torch.zeros(3)
+    return runtime
+
+
+def test_a_start_up_that_left_the_device_held_says_so_and_never_touches_it_again():
+    held = startup_runtime(device_done=False)
+    record = held.startup()
+    assert record.error is not None and record.error.kind == "DeviceWedged"
+    assert "rank 1 start-up" in record.error.message
+    held.reset_state()  # a host copy behind the stuck collective would never return
+    assert held.cache.state.tolist() == [1.0, 1.0, 1.0]
+
+
+def test_a_start_up_whose_device_work_finished_resets_the_state_as_before():
+    idle = startup_runtime(device_done=True)
+    assert idle.startup().error is None
+    idle.reset_state()
+    assert idle.cache.state.tolist() == [0.0, 0.0, 0.0]

@@ -105,6 +105,10 @@ class RankRuntime:
 
     def reset_state(self) -> None:
         """Back to the initial per-request state, for the next scenario on the same graphs."""
+        if self.fence is not None and self.fence.wedged is not None:
+            # The host copy would wait behind the stuck collective forever (measured on the
+            # H100); no step runs after a start-up that wedged the device.
+            return
         self.cache.state.copy_(self._initial_state)
 
     @property
@@ -121,6 +125,9 @@ class RankRuntime:
             self.manager.capture_all()
         except BaseException as exc:  # reported in the record
             error = error_of(exc)
+        # A capture whose collective found no peer (ranks that planned different graphs)
+        # holds the device: said here within a collective bound, not by the driver's deadline.
+        error = settled(self.fence, f"rank {self.rank} start-up", error)
         planned = tuple(d.label() for d in self.table.capture_order()
                         if d.cg_mode is CudaGraphMode.FULL)
         return StartupRecord(self.rank, planned, self._graph_records(), error,
