@@ -45,6 +45,15 @@ class Timeouts:
                               f"collective timeouts ({self.hang_s + self.collective_s} s)")
 
     @property
+    def overdue_s(self) -> float:
+        """When a rank whose waits have no bound (vLLM's execution code) says its step is
+        overdue, proving a hang: the step deadline, which liveness judges by and which a
+        step's bounded waits cannot reach (a turn wait outlasting a timing-out collective,
+        hang + collective, is less). `step_wait_s` adds the slack only for a rank that
+        cannot speak (harness/world/torchrun/step_watch.py)."""
+        return self.step_deadline_s
+
+    @property
     def startup_deadline_s(self) -> float:
         return 4 * self.step_deadline_s
 

@@ -224,6 +224,11 @@ def _parser() -> argparse.ArgumentParser:
                         "rebuild rows (nccl: on a GPU, ranks sharing it where there are "
                         "fewer GPUs)")
     add_schedule_arguments(parser)
+    parser.add_argument("--exec-examples", type=int, default=40, metavar="N",
+                        help="fault-free examples of the --exec vllm rows (0 skips them; "
+                        "harness/bench/exec_costs.py)")
+    parser.add_argument("--exec-against", metavar="DIR",
+                        help="an older checkout whose --exec vllm rows print beside these")
     return parser
 
 
@@ -236,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.rebuild_rounds < 0:
         parser.error(f"--rebuild-rounds: a count of failures, not {args.rebuild_rounds}")
+    if args.exec_examples < 0:
+        parser.error(f"--exec-examples: a count of examples, not {args.exec_examples}")
     if not (math.isfinite(args.reach_seconds) and args.reach_seconds >= 0):
         parser.error(f"--reach-seconds: seconds of fuzzing, 0 or more, not {args.reach_seconds}")
     if args.reach_only:
@@ -267,6 +274,10 @@ def main(argv: list[str] | None = None) -> int:
             print_dp4(dp4_rows(args.dp4_examples))
         if args.rebuild_rounds:
             print_all_rebuilds(args.backend, args.rebuild_rounds)
+        if args.exec_examples > 0:
+            from harness.bench.exec_costs import print_exec_costs
+
+            print_exec_costs(args.exec_examples, args.exec_against)
         if args.staging_draws:
             print_staging_table(args.staging_draws)
         if args.reach_seconds:

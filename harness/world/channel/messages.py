@@ -22,7 +22,8 @@ from harness.history.codec import decode, encode
 from harness.history.records import StartupRecord, StepRecord
 from harness.timeouts import Timeouts
 
-PROTOCOL_VERSION = 3  # 2: float rows packed; 3: WorkerCannot, RunnerCannot (the harness failed)
+# 2: float rows packed; 3: WorkerCannot, RunnerCannot (the harness failed); 4: StepOverdue
+PROTOCOL_VERSION = 4
 
 
 class ProtocolError(ConfigError):
@@ -140,6 +141,16 @@ class StepReport(Message):
 
 
 @dataclass(frozen=True)
+class StepOverdue(Message):
+    """The rank's step `index` has run past its deadline and goes on: its waits have no
+    bound (harness/world/torchrun/step_watch.py)."""
+
+    rank: int
+    index: int
+    deadline_s: float
+
+
+@dataclass(frozen=True)
 class ScenarioDone(Message):
     """The rank finished the scenario."""
 
@@ -251,7 +262,7 @@ class RunnerCannot(Message):
 
 TORCHRUN = (RunScenario, StartSteps, NextStep, RunBatch, Regroup, Exit, WorkerHello,
             WorkerReady, WorkerCannot, AgentLost, StartupReport, StepReport, ScenarioDone,
-            BatchRan, Regrouped, RegroupFailed)
+            BatchRan, Regrouped, RegroupFailed, StepOverdue)
 SANDBOX = (ForkRunner, LoadSystem, ReapRunner, Exit, ZygoteReady, RunnerForked, SystemLoaded,
            RunnerReaped, SimRun, RunnerHello, SimStartup, SimStep, SimDone, RunnerCannot)
 KINDS: dict[str, type[Message]] = {cls.__name__: cls for cls in (*TORCHRUN, *SANDBOX)}

@@ -24,6 +24,7 @@ from harness.world.channel.messages import (
     ScenarioDone,
     StartSteps,
     StartupReport,
+    StepOverdue,
     StepReport,
     WorkerCannot,
 )
@@ -67,6 +68,10 @@ class _Collection:
                 self.steps[index][rank] = record
                 if all(r is not None for r in self.steps[index]):
                     self.links.send_to_all(NextStep(not step_failed(self.steps[index])))
+            case StepOverdue():
+                # Its step ran past the deadline liveness judges by: late now, not after
+                # the slack its message had to cross the machine (step_watch.py).
+                self.deadline[rank] = time.monotonic()
             case ScenarioDone():
                 self.done.add(rank)
             case AgentLost(_, agent_pid):  # multi-node: its node's agent died

@@ -72,7 +72,7 @@ class LocalAgent:
         except BaseException:
             self.close(links)
             raise
-        if self.rebuilds:
+        if self.rebuilds or self.preload_vllm:  # vLLM worlds: their hunts fault often
             self._boot_spares(timeouts)  # a world that failed once is likely to again
 
     def _launch(self, timeouts: Timeouts) -> AgentLaunch:

@@ -57,6 +57,7 @@ from harness.world.processes.lifecycle import pid_alive
 from harness.world.processes.parent_death import die_with_parent
 from harness.world.sim.threads import new_gloo_group
 from harness.world.torchrun.gpus import GpuLayout, shared_gpu_environment, visible_gpus
+from harness.world.torchrun.step_watch import overdue_notice, waits_unbounded
 from harness.world.trace_layout import TraceLayout
 from harness.world.vllm_slots import register_vllm_code
 
@@ -249,8 +250,10 @@ class Worker:
                 faults = scenario.faults_at(i, self.rank)
                 if any(f.kind is FaultKind.KILL_RANK for f in faults):
                     os.kill(os.getpid(), signal.SIGKILL)
-                record = runtime.step(i, requests[self.rank], ranks[self.rank], faults,
-                                      scenario.schedule)
+                with overdue_notice(self.channel, self.rank, i, timeouts.overdue_s,
+                                    waits_unbounded(runtime)):
+                    record = runtime.step(i, requests[self.rank], ranks[self.rank], faults,
+                                          scenario.schedule)
                 self.channel.send(StepReport(i, record))
 
             # Every rank stops after a step in which any rank failed, as in the sim world:

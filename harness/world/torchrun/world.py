@@ -32,6 +32,11 @@ from harness.world.vllm_slots import register_vllm_code
 
 __all__ = ["LAUNCH_TIMEOUT_S", "STOP_TIMEOUT_S", "TorchrunWorld", "WorldError"]
 
+# Spares of a world that imports vLLM's code, booted from its start on any machine: a
+# relaunch imports vLLM again (20-45 s on a loaded 2-core machine) and a hunt's first hang
+# is rerun at once, so a hang and its rerun each find a world ready.
+VLLM_SPARES = 2
+
 
 class TorchrunWorld:
     def __init__(self, nproc: int, backend: str = "gloo",
@@ -54,6 +59,8 @@ class TorchrunWorld:
         self.clock = LifecycleClock()
         self.links = RankLinks()
         self.formation = Formation(nproc)
+        if spares is None and preload_vllm:
+            spares = VLLM_SPARES
         self.rig: Rig = rig if rig is not None else LocalAgent(
             nproc, backend, self.device, self.layout, spares, preload_vllm)
         # (launch, config) -> every rank's start-up records, for configs this launch captured
