@@ -14,7 +14,7 @@ import harness.bench.detection as detection
 import harness.vllm_sut.available as available
 from harness.bench.detection import (
     COLUMNS,
-    KNOWN_FIX,
+    KNOWN_FIXES,
     STEERED,
     UNSTEERED,
     VLLM_ROWS,
@@ -108,20 +108,20 @@ def test_the_reference_column_hunts_vllms_bugs_with_the_references_draws_under_i
         assert (variant.fault_kinds, variant.fault_every) == (executing.fault_kinds,
                                                               executing.fault_every)
         assert variant.drawn == executing.drawn  # no draw of the hunt's own survives
-        # A shipped bug keeps its class filter; a slip is hunted with none, on vLLM with
-        # #55586's fix, so that the reference's faults do not find #55586 instead.
+        # A shipped bug keeps its class filter; a slip is hunted with none, on vLLM with its
+        # own bugs fixed, so that the reference does not find #55586 or the guard instead.
         patches = [p.name for p in search["fixed"].get("vllm_patches", ())]
         if name in VLLM_SHIPPED:
             assert search["hunt"] == EXEC_VARIANTS[name].hunt and patches == []
         else:
-            assert search["hunt"] is None and patches == [KNOWN_FIX]
+            assert search["hunt"] is None and tuple(patches) == KNOWN_FIXES
             opened = next(o for o in FakePool.opened if o["pool"] is search["pool"])
             warm = [s for s in opened["pool"].ran if s.config.system.vllm_patches]
-            assert [p.name for p in warm[0].config.system.vllm_patches] == [KNOWN_FIX]
+            assert tuple(p.name for p in warm[0].config.system.vllm_patches) == KNOWN_FIXES
     # The world is warmed before each seed: a hang of the seed before costs no relaunch here.
     assert [s["warmed"] for s in fake_search] == list(range(1, len(fake_search) + 1))
     assert {row.note for row in rows if row.variant in VLLM_SLIPS} == {
-        f"on vLLM with {KNOWN_FIX}"}
+        f"on vLLM with {', '.join(KNOWN_FIXES)}"}
     assert all(row.note == "" for row in rows if row.variant in VLLM_SHIPPED)
 
 

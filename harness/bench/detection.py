@@ -11,8 +11,8 @@ is a miss, shown as "found as X".
 Two columns: steered, each variant's own search (its draws, faults and hunt narrow toward its
 bug), and reference, its bug alone hunted by the reference's strategies (what a user's `fuzz`
 runs: harness/fuzz/unsteered.py; under vLLM's execution, the reference's search there, with a
-shipped bug's class filter). A slip's reference row runs on vLLM with #55586's fix applied
-(KNOWN_FIX), so that it times the slip alone: the reference's faults would find #55586 first."""
+shipped bug's class filter). A slip's reference row runs on vLLM with its own bugs fixed
+(KNOWN_FIXES), so that it times the slip alone: the reference would find those first."""
 
 from __future__ import annotations
 
@@ -43,10 +43,11 @@ VLLM_SLIPS = tuple(name for name, v in EXEC_VARIANTS.items() if v.mutation.plant
 # vLLM's execution bugs as it ships them: one row per failure class the plain search hunts.
 VLLM_SHIPPED = EXEC_DEFAULT_HUNTS
 VLLM_ROWS = (*VLLM_SHIPPED, *VLLM_SLIPS)
-# The fix of #55586's failures (docs/spec.md §10.3), under the installed release's directory
-# where it was rebased, else as written against 0.33.0.
+# The project's fixes of vLLM's own bugs that the reference's search under its execution
+# reaches (#55586's hang and crash, docs/spec.md §10.3; the guard, §7.1), under the installed
+# release's directory where they were rebased, else as written against 0.33.0.
 PATCHES = Path(__file__).resolve().parents[2] / "scenarios" / "vllm" / "patches"
-KNOWN_FIX = "pr55586-unwind.diff"
+KNOWN_FIXES = ("pr55586-unwind.diff", "last-region-start.diff")
 # vLLM's execution keeps a process per rank, so on the sim world too it runs on a torchrun
 # world (harness.world.world_for): DP 2 on both, as on the torchrun world.
 VLLM_DP = 2
@@ -136,15 +137,20 @@ def vllm_slip_rows(world: str, seeds: list[int], budget_s: float, names: list[st
 
 def alone(variant: Variant, column: str, release: str) -> dict:
     """The fields that leave `variant`'s bug alone in `column`: a slip hunted by the
-    reference's faults runs on vLLM with #55586 fixed; anything else needs none."""
+    reference runs on vLLM with its own known bugs fixed (its faults would find #55586 first,
+    its decisions the guard); anything else needs none."""
     if column == STEERED or variant.name not in VLLM_SLIPS:
         return {}
-    if not unsteered(variant).fault_kinds:
-        return {}
+    return {"vllm_patches": known_fixes(release)}
+
+
+def known_fixes(release: str) -> tuple:
+    """KNOWN_FIXES as written against `release` ("0.34"), else against 0.33.0."""
     from harness.vllm_code.source import read_patch
 
-    rebased = PATCHES / ".".join(release.split(".")[:2]) / KNOWN_FIX
-    return {"vllm_patches": (read_patch(rebased if rebased.is_file() else PATCHES / KNOWN_FIX),)}
+    rebased = PATCHES / ".".join(release.split(".")[:2])
+    return tuple(read_patch(rebased / name if (rebased / name).is_file() else PATCHES / name)
+                 for name in KNOWN_FIXES)
 
 
 def warm_up(variant: Variant, fixed: dict | None = None) -> Scenario:
