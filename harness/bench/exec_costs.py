@@ -3,13 +3,16 @@ ranks over gloo on CPU): what its cold start, a faulted example and a fault-free
 and where each rank's time goes.
 
 - cold start: torchrun, every rank importing torch and vLLM's execution code, the group;
-- a hang: the example whose microbatch thread vLLM parks for good (#55586's hang), from its
-  start to the deadline that proves it, then from that deadline until the next example runs
-  (the evidence, the world's end, a relaunch or a spare);
-- fault-free examples/s: the reference `--exec vllm` search's own draws, faults left out,
-  one per round trip as the search runs them, judged as it judges them;
-- per phase: import (a fresh interpreter), then per example the capture, the steps, the
-  judge, and the rest (building the runtime, messages, the driver's reading).
+- a hang (#55586's: vLLM parks a microbatch thread for good), from its start to the deadline
+  that proves it, then from that deadline until the next example runs (the stacks, the
+  world's end, a relaunch or a spare taken): for its rerun, run at once as the search
+  confirms a failure, and for the clean example after that (a third world in a row);
+- fault-free examples/s: the fault-free `--exec vllm` search's own draws (`vllm-exec`, the
+  harness deciding), one per round trip, judged as the search judges them, after clean
+  examples for SETTLE_COLD_STARTS cold starts (a search's first fault comes that late);
+- per phase: the imports (a fresh interpreter), launch and group (the cold start less them),
+  then per example the capture, the steps, the judge, and the rest (the runtime's build,
+  messages, the driver's reading).
 
 `python -m harness.bench.exec_costs [--against DIR]` prints the rows; with `--against`, the
 same rows measured first on the checkout at DIR (a `git worktree` of an older commit), side
@@ -171,6 +174,9 @@ def measure(count: int) -> dict[str, float]:
             "deadline to the rerun running": to_rerun,
             "deadline to the next example running": to_clean, "fault-free examples/s": rate,
             "rank: import torch": torch_s, "rank: import vLLM's code": vllm_s,
+            # torchrun's agent, the handshake and the gloo group: what the imports leave.
+            "rank: launch + group (cold start less imports)":
+                max(0.0, starts[0] - torch_s - vllm_s),
             "per example: capture": phases.capture / n, "per example: steps": phases.step / n,
             "per example: judge": phases.judge / n,
             "per example: runtime build + transport": phases.rest / n}
@@ -200,11 +206,11 @@ def print_exec_costs(count: int, against: str | None = None) -> None:
     now = _measured_in(here, count)
     print(f"\n--exec vllm on the 2-rank torchrun world (gloo, CPU), {count} fault-free "
           "examples; seconds unless named")
-    head = f"{'row':42} " + (f"{'before':>9} " if before else "") + f"{'now':>9}"
+    head = f"{'row':48} " + (f"{'before':>9} " if before else "") + f"{'now':>9}"
     print(head)
     for name, value in now.items():
         old = f"{before[name]:9.3f} " if before else ""
-        print(f"{name:42} {old}{value:9.3f}")
+        print(f"{name:48} {old}{value:9.3f}")
 
 
 def main(argv: list[str] | None = None) -> int:
