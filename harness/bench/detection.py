@@ -44,10 +44,13 @@ VLLM_SLIPS = tuple(name for name, v in EXEC_VARIANTS.items() if v.mutation.plant
 VLLM_SHIPPED = EXEC_DEFAULT_HUNTS
 VLLM_ROWS = (*VLLM_SHIPPED, *VLLM_SLIPS)
 # The project's fixes of vLLM's own bugs that the reference's search under its execution
-# reaches (#55586's hang and crash, docs/spec.md §10.3; the guard, §7.1), under the installed
-# release's directory where they were rebased, else as written against 0.33.0.
+# reaches (#55586's hang and crash, docs/spec.md §10.3; the guard, §7.1; 0.34's twins of
+# narrower query lengths, never replayed), under the installed release's directory where they
+# were rebased, else as written against 0.33.0; one written for a later release only is
+# applied there only.
 PATCHES = Path(__file__).resolve().parents[2] / "scenarios" / "vllm" / "patches"
-KNOWN_FIXES = ("pr55586-unwind.diff", "last-region-start.diff")
+KNOWN_FIXES = ("pr55586-unwind.diff", "last-region-start.diff",
+               "twin-threshold-by-query-len.diff")
 # vLLM's execution keeps a process per rank, so on the sim world too it runs on a torchrun
 # world (harness.world.world_for): DP 2 on both, as on the torchrun world.
 VLLM_DP = 2
@@ -145,12 +148,14 @@ def alone(variant: Variant, column: str, release: str) -> dict:
 
 
 def known_fixes(release: str) -> tuple:
-    """KNOWN_FIXES as written against `release` ("0.34"), else against 0.33.0."""
+    """KNOWN_FIXES as written against `release` ("0.34"), else against 0.33.0, where
+    there is one."""
     from harness.vllm_code.source import read_patch
 
     rebased = PATCHES / ".".join(release.split(".")[:2])
-    return tuple(read_patch(rebased / name if (rebased / name).is_file() else PATCHES / name)
-                 for name in KNOWN_FIXES)
+    found = [rebased / name if (rebased / name).is_file() else PATCHES / name
+             for name in KNOWN_FIXES]
+    return tuple(read_patch(path) for path in found if path.is_file())
 
 
 def warm_up(variant: Variant, fixed: dict | None = None) -> Scenario:
