@@ -14,13 +14,22 @@ from harness.batch import RankBatch
 from harness.config import HarnessConfig, Mutation
 from harness.history.decision import StepPlan
 from harness.scenario import Scenario
-from harness.spec.decision import last_region_start, spec_plans
+from harness.spec.decision import graph_table, last_region_start, spec_plans
 
 
 def reference_plans(config: HarnessConfig, batches: Sequence[RankBatch]) -> list[StepPlan]:
     """Every rank's plan as docs/spec.md decides it with no mutation (the variant's planted
     decision bug undone)."""
     return spec_plans(replace(config, mutation=Mutation()), batches)
+
+
+def straddled_graphs(config: HarnessConfig) -> tuple[int, ...]:
+    """The graph sizes a straddle aims at: the twins of single-token requests the config
+    captures, the only graphs a split step replays and so where the guard decides (0.34's
+    decode twins sit at the request limit, off the capture sizes); else the capture sizes."""
+    twins = sorted({d.num_tokens for d in graph_table(config)
+                    if d.num_ubatches > 1 and (d.uniform_token_count or 1) == 1})
+    return tuple(twins) or config.cudagraph_capture_sizes
 
 
 def steps_with_microbatch_threads(config: HarnessConfig,

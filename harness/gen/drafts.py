@@ -21,13 +21,15 @@ DECODE_LAYOUTS = ("varlen", "uniform")
 
 def draft_fields(draw, pick, drafting: bool = False, rarely: bool = False) -> dict[str, Any]:
     """Speculative decoding's fields: 1 + up to 3 draft tokens per decode request (at least
-    one when `drafting`, a config drawn for its drafts; in one config of eight when `rarely`,
+    one when `drafting`, a config drawn for its drafts; in one config of four when `rarely`,
     microbatched configs, whose other bugs need none), and with drafts three configs in four
     varlen decode graphs (adaptive verification), the graphs the query-length bound chooses
     between; shrunk, the simplest config has none."""
     lengths = st.integers(2 if drafting else 1, 4)
     if rarely and not drafting:
-        lengths = st.integers(0, 7).flatmap(lambda r: st.integers(2, 4) if r == 7 else st.just(1))
+        # One in four, not eight: drafts in split steps (request cuts, trims of adaptive
+        # verification) exist only here on 0.34, and one in eight left searches without any.
+        lengths = st.integers(0, 3).flatmap(lambda r: st.integers(2, 4) if r == 3 else st.just(1))
     q = pick("decode_query_len", lengths)
     varlen = pick("varlen_decode", st.integers(0, 3).map(bool) if q > 1 else st.just(False))
     return {"decode_query_len": q, "varlen_decode": varlen}
@@ -115,3 +117,16 @@ def uniform_beside_twin(draw, config: HarnessConfig) -> list[tuple[int, str]]:
               for _ in range(config.serving.dp_size)]
     counts[draw(st.integers(0, len(counts) - 1))] = min(light, twin.num_tokens)
     return [(n, f"uniform-{q}") for n in counts]
+
+
+@st.composite
+def drafts_past_the_split(draw, config: HarnessConfig) -> list[tuple[int, str]]:
+    """Per rank a token count past the threshold a step that is not a uniform decode must pass
+    to be split (the prefill one, §1.2), and any layout: drafts in a step split k ways, where
+    the cut between requests (§4.1) and adaptive verification's trims (§7.24) decide which
+    requests each microbatch holds. Empty where the config does not microbatch."""
+    low, top = max(config.serving.prefill_threshold, 2), config.serving.max_num_batched_tokens
+    if config.num_ubatches < 2 or low > top:
+        return []
+    return [(draw(st.integers(low, top)), draw(st.sampled_from(DRAFT_LAYOUTS)))
+            for _ in range(config.serving.dp_size)]

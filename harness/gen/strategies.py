@@ -16,7 +16,7 @@ from harness.batch import RankBatch, dummy_query_lens
 from harness.config import All2AllBackend, CudaGraphMode, Guard, HarnessConfig, ubatching_fields
 from harness.errors import ConfigError
 from harness.faults import FaultKind
-from harness.gen.aim import steps_with_microbatch_threads
+from harness.gen.aim import steps_with_microbatch_threads, straddled_graphs
 from harness.gen.deaths import deaths
 from harness.gen.drafts import (
     DRAFT_LAYOUTS,
@@ -24,6 +24,7 @@ from harness.gen.drafts import (
     draft_fields,
     draft_layout,
     draft_schedules,
+    drafts_past_the_split,
     uniform_beside_twin,
 )
 from harness.gen.fault_draws import faults
@@ -240,7 +241,7 @@ def skewed_token_counts(draw, config: HarnessConfig,
     if shape == "straddle" and config.cudagraph_capture_sizes:
         return draw(straddling_token_counts(config))
     if shape == "filled" and config.cudagraph_capture_sizes:
-        graph = draw(st.sampled_from(config.cudagraph_capture_sizes))
+        graph = draw(st.sampled_from(straddled_graphs(config)))
         low = min(last_region_start(graph, max(config.num_ubatches, 2)) + 1, graph)
         return [draw(st.integers(low, graph)) for _ in range(dp)]
     if shape == "uniform":
@@ -268,14 +269,14 @@ def straddling_token_counts(draw, config: HarnessConfig) -> list[int]:
     start (G // k) * i of G or next to it. Region starts the microbatching threshold lets
     through are preferred, and half the time the last one, where the guard decides between
     graph and eager (the earlier ones matter to slicing, G / 2 to a literal-2 guard)."""
-    sizes = config.cudagraph_capture_sizes
+    graphs = straddled_graphs(config)
     k = max(config.num_ubatches, 2)
-    starts = [(g, (g // k) * i) for g in sizes for i in range(1, k)]
+    starts = [(g, (g // k) * i) for g in graphs for i in range(1, k)]
     open_starts = [(g, n) for g, n in starts if n >= config.serving.decode_threshold] or starts
     last = [(g, n) for g, n in open_starts if n == last_region_start(g, k)]
     pool = draw(st.sampled_from((open_starts, last))) if last else open_starts
     graph, start = draw(st.sampled_from(pool))
-    below = max((s for s in sizes if s < graph), default=0)
+    below = max((g for g in graphs if g < graph), default=0)
     light = max(0, start + draw(st.sampled_from((0, -1, 1))))
     light_rank = draw(st.integers(0, config.serving.dp_size - 1))
     heavy = st.one_of(st.just(graph), st.integers(max(below + 1, start), graph))
@@ -294,9 +295,12 @@ def skewed_batches(draw, config: HarnessConfig) -> list[RankBatch]:
         mixed = draw(decode_beside_mixed(config))
         if mixed:
             return mixed
-    counts = draw(skewed_token_counts(config))
+    shape = draw(st.sampled_from(SKEW_SHAPES))
+    counts = draw(skewed_token_counts(config, (shape,)))
     decode_limit = min(config.serving.max_num_reqs, config.serving.max_num_batched_tokens)
-    if draw(st.booleans()) and max(counts) <= decode_limit:
+    # The shapes aimed at twins lay out as the uniform decodes a twin replays three times in four.
+    aimed = shape in ("straddle", "filled")
+    if draw(st.integers(0, 3 if aimed else 1)) > 0 and max(counts) <= decode_limit:
         return [laid_out(config, n, n) for n in counts]
     return [draw(rank_batch(config, n)) for n in counts]
 
@@ -311,12 +315,14 @@ def draft_batches(draw, config: HarnessConfig) -> list[RankBatch]:
     as decodes of 1..q tokens (what varlen decode graphs serve), uniform decodes of exactly q
     (the uniform spec-decode graphs), or a batch with a prefill (no query-length bound), next
     to each other; one step in BOUND_EVERY prefills beside decodes within one graph (where
-    the synced bound decides), one in 2 * BOUND_EVERY uniform decodes around a twin's last
-    region; and each rank's skip_drafts vote (docs/spec.md §1.6, §4.1)."""
+    the synced bound decides), one in 2 * BOUND_EVERY a split step: uniform decodes around a
+    twin's last region, or where the config captures no such twin (varlen graphs have none)
+    every rank past the threshold; and each rank's skip_drafts vote (docs/spec.md §1.6, §4.1)."""
     shape = draw(st.integers(0, 2 * BOUND_EVERY - 1))
     # Shrinks toward the plain skew (0); half the steps put a prefill beside decodes.
     shaped = (draw(decode_beside_prefill(config)) if shape >= BOUND_EVERY else
-              draw(uniform_beside_twin(config)) if shape == 1 else [])
+              draw(uniform_beside_twin(config)) or draw(drafts_past_the_split(config))
+              if shape == 1 else [])
     if not shaped:
         shaped = [(n, draw(st.sampled_from(DRAFT_LAYOUTS)))
                   for n in draw(skewed_token_counts(config))]
@@ -325,9 +331,10 @@ def draft_batches(draw, config: HarnessConfig) -> list[RankBatch]:
     for n, layout in shaped:
         skip = True if everyone_skips else draw(st.booleans())
         allow = _allows_ubatching(draw)
-        # Under adaptive verification one rank in three trims its drafts to a budget (§7.24).
+        # Under adaptive verification a budget below the drafts is its common case: one rank
+        # in two trims its drafts to a budget (§7.24).
         verified = (draw(verified_layout(config, n)) if config.serving.varlen_decode
-                    and draw(st.integers(0, 2)) == 2 else None)
+                    and draw(st.booleans()) else None)
         lens, scheduled = verified or (draft_layout(config, n, layout, draw), None)
         batches.append(RankBatch.from_query_lens(lens, allow, config.serving.decode_query_len,
                                                  skip, scheduled))

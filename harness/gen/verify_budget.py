@@ -36,19 +36,22 @@ def admitted_drafts(drafts: Sequence[int], budget: int,
 @st.composite
 def verified_layout(draw, config: HarnessConfig, num_tokens: int
                     ) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """(query lengths run, lengths scheduled) of decodes that drafted up to q - 1 tokens each
-    within `num_tokens` scheduled, with a budget that trims at least one draft; None where
-    no such batch fits."""
-    q, limit = config.serving.decode_query_len, config.serving.max_num_reqs
-    if q < 2 or num_tokens < 2:
+    """(query lengths run, lengths scheduled) of decodes running `num_tokens` in all, that
+    drafted up to q - 1 tokens each, with a budget that trimmed at least one draft; None where
+    no such batch fits. The count is what the rank runs, what the DP sync and the split see,
+    so that a skew shape's count holds for it too; the trimmed drafts come on top of it."""
+    q, serving = config.serving.decode_query_len, config.serving
+    room = serving.max_num_batched_tokens - num_tokens  # the scheduled step fits the limit
+    least, most = num_tokens // q + 1, min(serving.max_num_reqs, num_tokens)
+    if q < 2 or num_tokens < 1 or room < 1 or least > most:
         return None
-    reqs = draw(st.integers(1, min(limit, num_tokens // 2)))
+    reqs = draw(st.integers(least, most))
+    budget = num_tokens - reqs  # the drafts that run
     drafts = [draw(st.integers(1, q - 1)) for _ in range(reqs)]
-    while sum(drafts) + reqs > num_tokens:  # scheduled within the step's tokens
+    while sum(drafts) <= budget:  # one draft at least is trimmed
+        drafts[drafts.index(min(drafts))] += 1
+    while sum(drafts) > budget + room:
         drafts[drafts.index(max(drafts))] -= 1
-    if sum(drafts) == 0:
-        return None
-    budget = draw(st.integers(0, sum(drafts) - 1))
     confidences = [[draw(st.sampled_from(CONFIDENCES)) for _ in range(d)] for d in drafts]
     kept = admitted_drafts(drafts, budget, confidences)
     return tuple(1 + k for k in kept), tuple(1 + d for d in drafts)
