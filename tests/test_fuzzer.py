@@ -199,16 +199,16 @@ def shrink_runs(tmp_path, monkeypatch, budget: Budget) -> tuple[dict[str, int], 
     return {p: after.count(p) for p in ("hypothesis", "structural", "tokens", "confirm")}, outcome
 
 
-@pytest.mark.parametrize("shrink_examples", [3, 5])
+@pytest.mark.parametrize("shrink_examples", [1, 5])
 def test_each_shrinker_stops_after_its_shrink_examples_world_runs(tmp_path, monkeypatch,
                                                                    shrink_examples):
-    # Unbounded, Hypothesis's shrink of this search takes some 80 world runs and the token
-    # pass a few more from where that one stops.
+    # Unbounded, Hypothesis's shrink of this search takes tens of world runs; the token pass
+    # may converge within a few, so a bound of one is what pins it exactly.
     counts, outcome = shrink_runs(tmp_path, monkeypatch,
                                   Budget(seconds=60, shrink_examples=shrink_examples,
                                          shrink_seconds=600))
     assert counts["hypothesis"] == shrink_examples, counts
-    assert counts["tokens"] == shrink_examples, counts
+    assert 1 <= counts["tokens"] <= shrink_examples, counts
     assert counts["confirm"] <= 2 * engine.CONFIRM_TRIES, counts
     assert outcome.checker in variant_named("guard-merged").caught_by
 
