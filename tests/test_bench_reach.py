@@ -252,6 +252,6 @@ def test_the_default_bench_prints_the_reach_table_after_the_throughput_rows(monk
     monkeypatch.setattr(bench, "print_throughput", lambda *a: print("throughput"))
     monkeypatch.setattr(bench, "print_reach_table", lambda s: print(f"reach {s}"))
     assert bench.main(["--detection-seeds", "0", "--dp4-examples", "0",
-                       "--rebuild-rounds", "0", "--staging-draws", "0",
-                       "--reach-seconds", "12"]) == 0
+                       "--rebuild-rounds", "0", "--staging-draws", "0", "--exec-examples", "0",
+                       "--schedule-examples", "0", "--reach-seconds", "12"]) == 0
     assert capsys.readouterr().out.split("\n")[:2] == ["throughput", "reach 12.0"]
