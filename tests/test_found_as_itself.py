@@ -74,3 +74,12 @@ def test_a_campaign_counts_a_bug_found_as_another_checker_as_missed(capsys):
     assert report_jobs([elsewhere], variants, "db", as_json=False) == 1
     row = next(line for line in capsys.readouterr().out.splitlines() if "guard-merged" in line)
     assert "found as errors" in row
+
+
+def test_one_search_per_failure_class_exits_1_when_any_of_them_found_something():
+    # The plain search under vLLM's execution: a hang search that held, a crash search that
+    # found its crash; neither is a self-check that expects each to find.
+    held = outcome("vllm-exec-hang", False)
+    crashed = outcome("vllm-exec-crash", True, "errors")
+    assert fuzz_exit([held, crashed], several=False) == 1
+    assert fuzz_exit([held, held], several=False) == 0

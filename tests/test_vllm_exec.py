@@ -307,12 +307,20 @@ def test_one_hunt_of_vllms_execution_can_be_named_and_both_run_by_default():
     from argparse import Namespace
 
     from harness.fuzz.command import exec_variants
+    from harness.fuzz.variants import reference_for
 
     def names(variant: str) -> list[str]:
         return [v.name for v in exec_variants(Namespace(variant=variant, sut="vllm"))]
 
     assert names("vllm-exec-crash") == ["vllm-exec-crash"]
-    assert names("all") == ["vllm-exec-hang", "vllm-exec-crash"]
+    assert names("all") == names("reference") == ["vllm-exec-hang", "vllm-exec-crash"]
+    # The plain search draws as the reference does under vLLM's execution, not as the hunts.
+    plain = exec_variants(Namespace(variant="reference", sut="vllm"))
+    steered = exec_variants(Namespace(variant="all", sut="vllm"))
+    reference = reference_for((("sut", "vllm"), ("execution", "vllm")))
+    assert [v.fault_kinds for v in plain] == [reference.fault_kinds] * 2
+    assert [v.drawn for v in plain] != [v.drawn for v in steered]
+    assert [v.hunt for v in plain] == [v.hunt for v in steered]  # one search per class
     # A planted slip of vLLM's pattern is hunted only when named.
     assert names("ht-missing-compute-wait") == ["ht-missing-compute-wait"]
     assert names("ids-gather-early-wait") == ["ids-gather-early-wait"]

@@ -39,6 +39,7 @@ from harness.fuzz.profiles import PROFILES, profile_from_environment
 from harness.fuzz.progress import ProgressBar
 from harness.fuzz.run_log import DEFAULT_LOG
 from harness.fuzz.schedules import space_from_args
+from harness.fuzz.unsteered import unsteered
 from harness.fuzz.variants import (
     EXEC_DEFAULT_HUNTS,
     EXEC_VARIANTS,
@@ -145,8 +146,9 @@ def fitting_variants(variants: list[Variant], dp_sizes: tuple[int, ...],
 
 
 def exec_variants(args: argparse.Namespace) -> list[Variant]:
-    """`--exec vllm`: with `--sut vllm` a hunt for each failure class of vLLM's microbatch
-    threads under faults; with the harness's decisions, a fault-free search."""
+    """`--exec vllm`: with `--sut vllm` a search for each failure class of vLLM's microbatch
+    threads under faults (the reference's draws by default; `all` or a named hunt, its own);
+    with the harness's decisions, a fault-free search."""
     hunts = tuple(name for name, variant in EXEC_VARIANTS.items() if variant.hunt)
     if args.variant not in ("reference", "all", *hunts):
         raise ConfigError("variant", "--exec vllm fuzzes vLLM's execution code as it is; "
@@ -161,8 +163,9 @@ def exec_variants(args: argparse.Namespace) -> list[Variant]:
         raise ConfigError("execution", f"vllm cannot be used here: {unavailable_reason()} "
                           "(make test-vllm installs it)")
     if args.sut == "vllm":
-        chosen = (EXEC_DEFAULT_HUNTS if args.variant in ("reference", "all")
-                  else (args.variant,))
+        if args.variant == "reference":  # the plain search: the reference's draws, per class
+            return [unsteered(EXEC_VARIANTS[name]) for name in EXEC_DEFAULT_HUNTS]
+        chosen = EXEC_DEFAULT_HUNTS if args.variant == "all" else (args.variant,)
         return [EXEC_VARIANTS[name] for name in chosen]
     return [EXEC_VARIANTS["vllm-exec"]]
 
@@ -293,12 +296,14 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     if leftover:
         print(f"error: processes of the world outlived it: {leftover}", file=sys.stderr)
         return 1
-    several = args.variant == "all" or len(outcomes) > 1
-    if several and not args.json:
+    # Only `all` is a self-check (each planted bug found, the reference clean); the plain
+    # search under vLLM's execution runs one search per failure class, judged as any search.
+    self_check = args.variant == "all"
+    if self_check and not args.json:
         print_table(outcomes)
     if not args.json:
         print_coverage(outcomes)
-    return fuzz_exit(outcomes, several)
+    return fuzz_exit(outcomes, self_check)
 
 
 def print_coverage(outcomes: list[FuzzOutcome]) -> None:
@@ -310,11 +315,12 @@ def print_coverage(outcomes: list[FuzzOutcome]) -> None:
 
 
 def fuzz_exit(outcomes: list[FuzzOutcome], several: bool) -> int:
-    """One search: 1 when it found anything. Several (a self-check): 0 only when each did
-    its job, every planted bug found as itself and the reference clean."""
+    """A search (or one per failure class): 1 when any found anything. Several (a
+    self-check): 0 only when each did its job, every planted bug found as itself and the
+    reference clean."""
     if several:
         return 0 if all(did_its_job(o.variant, o.found, o.checker) for o in outcomes) else 1
-    return 1 if outcomes[0].found else 0
+    return 1 if any(o.found for o in outcomes) else 0
 
 
 def table_verdict(outcome: FuzzOutcome) -> str:
