@@ -108,7 +108,7 @@ bench-gpu: $(ENV_STAMP)
 VLLM_TESTS := tests/test_vllm_sut.py tests/test_vllm_fuzz.py tests/test_vllm_patch.py \
 	tests/test_vllm_patches.py tests/test_vllm_draft_tokens.py tests/test_vllm_exec.py \
 	tests/test_vllm_exec_checkers.py tests/test_vllm_exec_fuzz.py tests/test_vllm_api.py \
-	tests/test_vllm_exec_faulted.py \
+	tests/test_vllm_exec_faulted.py tests/test_exec_reference.py \
 	tests/test_vllm_in_sandbox.py
 vllm-install: $(ENV_STAMP)
 	@test -f $(VLLM_REQUIREMENTS) || { echo "ERROR: VLLM=$(VLLM): no $(VLLM_REQUIREMENTS) (known:" \
