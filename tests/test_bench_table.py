@@ -48,7 +48,8 @@ def test_no_detection_seeds_skips_the_detection_table(monkeypatch, capsys):
     monkeypatch.setattr(bench, "rebuild_rows", lambda *a, **k: pytest.fail("rebuilds ran"))
     monkeypatch.setattr(bench, "sandbox_rows", lambda *a, **k: pytest.fail("rebuilds ran"))
     assert main(["--detection-seeds", "0", "--dp4-examples", "0", "--rebuild-rounds", "0",
-                 "--staging-draws", "0", "--reach-seconds", "0"]) == 0
+                 "--staging-draws", "0", "--reach-seconds", "0", "--exec-examples", "0",
+                 "--schedule-examples", "0"]) == 0
     assert capsys.readouterr().out.strip() == "throughput"
 
 

@@ -46,7 +46,7 @@ def test_the_fuzzer_finds_the_empty_microbatch_guard_of_vllm_and_shrinks_it(tmp_
                        seed=0)
     assert outcome.found and outcome.checker in GUARD_CHECKERS, outcome.detail
     shrunk = outcome.scenario
-    tokens = [len(r.query_lens) for r in shrunk.steps[-1]]
+    tokens = [sum(r.query_lens) for r in shrunk.steps[-1]]  # a draft request holds several
     graph = next(g for g in shrunk.config.cudagraph_capture_sizes if g >= max(tokens))
     # Shrunk to the fewest tokens `2 * min < G` lets by, ceil(G / 2) (no fewer than the decode
     # threshold), which still leaves the last region empty (both are G / 2 for k = 2).
