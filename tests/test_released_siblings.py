@@ -177,3 +177,32 @@ def test_a_faulted_rank_whose_runner_names_the_released_sibling_hides_the_fault(
                                 UbatchError(1, abort_error, WHERE)], fault=True)]
     verdict = check_errors(records)
     assert not verdict.ok and verdict.detail.startswith("rank 0: the injected fault surfaced as")
+
+
+def silent_fault_step(sibling_error: BaseException) -> list[StepRecord]:
+    """Rank 0's microbatch 1 skipped its MoE layer (return_without_yielding raises nothing), so
+    its microbatch 0 met an all-to-all rank 1 could not match; rank 1 timed out as well."""
+    timeout = CollectiveTimeout("all_to_all did not complete")
+    own = caught(throw, sibling_error)[1]
+    peer = caught(throw, timeout)[1]
+    return [rank(0, runner_report(sibling_error), [UbatchError(0, own, "comm.py:40")],
+                 fault=True),
+            rank(1, runner_report(timeout), [UbatchError(0, peer, "comm.py:40")])]
+
+
+def test_a_silent_faults_only_trace_a_siblings_timeout_on_its_own_rank_is_contained():
+    verdict = check_errors(silent_fault_step(CollectiveTimeout("all_to_all did not complete")))
+    assert verdict.ok, verdict.detail
+
+
+def test_on_the_faulty_rank_a_sibling_error_that_is_no_wait_still_fails():
+    verdict = check_errors(silent_fault_step(RuntimeError("rows out of order")))
+    assert not verdict.ok
+    assert verdict.detail.startswith("rank 0 microbatch 0 crashed: RuntimeError"), verdict.detail
+
+
+def test_a_timeout_on_the_faulty_rank_with_no_runner_report_of_it_still_fails():
+    records = silent_fault_step(CollectiveTimeout("all_to_all did not complete"))
+    unreported = caught(throw, CollectiveTimeout("all_to_all did not complete"))[1]
+    records[0] = rank(0, unreported, [], fault=True)
+    assert not check_errors(records).ok

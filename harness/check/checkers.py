@@ -70,7 +70,7 @@ def check_errors(records: Sequence[StepRecord | None]) -> Judgement:
         if not faulted:
             return failed(f"rank {rec.rank}: {err.describe()}")
         if rec.injected_fault:
-            if not _names_the_fault(err):
+            if not _names_the_fault(err) and not _silent_fault_timed_out(rec):
                 return failed(f"rank {rec.rank}: the injected fault surfaced as "
                              f"{err.describe()}")
         elif not _waited_on_another(rec) and not _reports_a_consequence(rec):
@@ -106,6 +106,15 @@ def _reports_a_consequence(rec: StepRecord) -> bool:
         return False
     named = int(report.group(1))
     return any(ue.ubatch == named for ue in rec.vllm_exec.ubatch_errors)
+
+
+def _silent_fault_timed_out(rec: StepRecord) -> bool:
+    """Under vLLM's runner a microbatch that skips its MoE layer raises nothing: its only trace
+    is a sibling's collective that its peer could not match, timed out. Contained when vLLM
+    named that sibling and every thread error on the rank is such a wait, none a crash."""
+    errors = rec.vllm_exec.ubatch_errors if rec.vllm_exec is not None else ()
+    return (_reports_a_consequence(rec) and bool(errors)
+            and all(e.error.origin in (ErrorOrigin.TIMEOUT, ErrorOrigin.LOST) for e in errors))
 
 
 def _names_the_fault(err: StepError) -> bool:
