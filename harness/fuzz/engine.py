@@ -117,8 +117,7 @@ class _Search:
     shrink_from: tuple[int, float] | None = None  # examples and seconds as this shrinker began
     results: dict[str, ExampleVerdict] = field(default_factory=dict)
     last_failing: Scenario | None = None
-    # Shrunk candidates that failed once and passed their rerun.
-    unconfirmed: list[Scenario] = field(default_factory=list)
+    unconfirmed: list[Scenario] = field(default_factory=list)  # failed once, passed a rerun
     first_failing: Scenario | None = None  # the detection, rerun at once
     believed: list[Scenario] = field(default_factory=list)  # shrink steps, not rerun yet
     saved_at_start: int = 0  # saved failures the current Hypothesis run replays first

@@ -37,6 +37,7 @@ import torch
 from harness.errors import ConfigError, HarnessCannot
 from harness.faults import InjectedFault
 from harness.runtime.schedule import Exploration, Primitives, Schedule, explore
+from harness.runtime.schedule.proof_step import check_step_shape, proof_runs, receive_problem
 from harness.vllm_code.source import VllmPatch, read_patch
 from harness.vllm_exec.scheduling import VllmScheduling
 from harness.vllm_exec.stand_ins import stand_ins_for
@@ -63,12 +64,7 @@ class Step:
     capture: bool = False
 
     def __post_init__(self) -> None:
-        if self.k < 2:
-            raise ValueError(f"k: microbatching needs at least 2 microbatches, got {self.k}")
-        if self.stage not in STAGES:
-            raise ValueError(f"stage: {self.stage!r} is not one of {', '.join(STAGES)}")
-        if not 0 <= self.faulty < self.k:
-            raise ValueError(f"faulty: {self.faulty} is not a microbatch of {self.k}")
+        check_step_shape(self.k, self.stage, self.faulty, STAGES)
 
 
 @dataclass
@@ -250,12 +246,7 @@ def _judge_clean(step: Step, record: _Record, result: Any,
     if not torch.equal(result[1], expected):
         return f"outputs {result[1].tolist()} are not the microbatches' in id order"
     skipped = step.faulty if step.stage == "return_without_yielding" else None
-    want = sorted((i, x) for i in range(step.k) if i != skipped for x in range(len(EXCHANGES)))
-    if sorted(record.delivered) != want:
-        return f"receives completed {sorted(record.delivered)}, expected each of {want} once"
-    if record.read_early:
-        return f"data read before its receive completed: {record.read_early}"
-    return None
+    return receive_problem(step.k, skipped, len(EXCHANGES), record.delivered, record.read_early)
 
 
 def _judge_failed(step: Step, error: BaseException | None) -> str | None:
@@ -272,9 +263,8 @@ def prove(step: Step, schedule: Schedule, runs: int | None = None,
           safety_s: float = 30.0) -> Exploration:
     """Every schedule (exhaustive; `runs` caps it) or `runs` schedules (random, pct; 100 by
     default) of `step`, each judged; stops at the first finding."""
-    if runs is None:
-        runs = 10**9 if schedule.mode == "exhaustive" else 100
-    return explore(schedule, scenario_of(step), judge_of(step), runs=runs, safety_s=safety_s)
+    return explore(schedule, scenario_of(step), judge_of(step),
+                   runs=proof_runs(schedule, runs), safety_s=safety_s)
 
 
 @dataclass(frozen=True)

@@ -78,8 +78,7 @@ class VllmExecRuntime:
     """One rank: vLLM's runner and graph manager over the miniature, on a CPU rank's
     stand-ins or on a CUDA rank's own streams and graphs (harness/vllm_exec/stand_ins.py)."""
 
-    # vLLM's microbatch waits have no bound: the worker says when a step outlives its
-    # deadline (harness/world/torchrun/step_watch.py).
+    # vLLM's microbatch waits have no bound: the worker's step watch names an overdue step.
     waits_unbounded = True
 
     def __init__(self, config: HarnessConfig, rank: int, group, *, device: str = "cpu",

@@ -26,6 +26,7 @@ from typing import Any
 
 from harness.faults import InjectedFault
 from harness.runtime.schedule import Exploration, Primitives, Schedule, explore
+from harness.runtime.schedule.proof_step import check_step_shape, proof_runs, receive_problem
 from harness.runtime.streams import CpuStreams
 from harness.runtime.ubatching.binding import current_context
 from harness.runtime.ubatching.errors import MicrobatchFailed
@@ -47,12 +48,7 @@ class Step:
     faulty: int = 0  # the microbatch the fault stage hits
 
     def __post_init__(self) -> None:
-        if self.k < 2:
-            raise ValueError(f"k: microbatching needs at least 2 microbatches, got {self.k}")
-        if self.stage not in STAGES:
-            raise ValueError(f"stage: {self.stage!r} is not one of {', '.join(STAGES)}")
-        if not 0 <= self.faulty < self.k:
-            raise ValueError(f"faulty: {self.faulty} is not a microbatch of {self.k}")
+        check_step_shape(self.k, self.stage, self.faulty, STAGES)
 
 
 @dataclass
@@ -144,12 +140,7 @@ def _judge_clean(step: Step, record: _Record, result: Any,
     if result[1] != list(range(step.k)):
         return f"outputs {result[1]} are not in id order"
     skipped = step.faulty if step.stage == "return_without_yielding" else None
-    expected = sorted((i, x) for i in range(step.k) if i != skipped for x in range(EXCHANGES))
-    if sorted(record.delivered) != expected:
-        return f"receives completed {sorted(record.delivered)}, expected each of {expected} once"
-    if record.read_early:
-        return f"data read before its receive completed: {record.read_early}"
-    return None
+    return receive_problem(step.k, skipped, EXCHANGES, record.delivered, record.read_early)
 
 
 def _judge_failed(step: Step, error: BaseException | None) -> str | None:
@@ -166,9 +157,8 @@ def prove(step: Step, schedule: Schedule, runs: int | None = None,
           safety_s: float = 30.0) -> Exploration:
     """Every schedule (exhaustive; `runs` caps it) or `runs` schedules (random, pct; 100 by
     default) of `step`, each judged."""
-    if runs is None:
-        runs = 10**9 if schedule.mode == "exhaustive" else 100
-    return explore(schedule, scenario_of(step), judge_of(step), runs=runs, safety_s=safety_s)
+    return explore(schedule, scenario_of(step), judge_of(step),
+                   runs=proof_runs(schedule, runs), safety_s=safety_s)
 
 
 def main(argv: list[str] | None = None) -> int:
