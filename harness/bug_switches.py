@@ -53,13 +53,11 @@ class Guard(enum.Enum):
     FIXED = "fixed"  # eager when min <= (G // k) * (k - 1): the reference behaviour
     MERGED = "merged"  # eager when 2 * min < G: PR #51700 as merged, vllm 0.33.0
     STRICT_K2 = "strict-k2"  # eager when 2 * min <= G: the `<=` fix with the literal 2
-    # Real-token staging (PR #57184's idea, docs/spec.md §3.4): where `fixed` falls back to
-    # eager, every rank lays its real tokens over every region and keeps the twin.
-    STAGED = "staged"
 
 
 class StagingRestore(enum.Enum):
-    """Which rows a staged replay reads back into scheduled order (docs/spec.md §3.4)."""
+    """Which rows a staged replay reads back into scheduled order (docs/spec.md §3.4); the
+    staging policy itself is a serving field (Serving.staging), not a bug."""
 
     INVERSE = "inverse"  # the rows the staging wrote: the reference
     # The slip: the restore gives each region's extra token to the last regions instead of

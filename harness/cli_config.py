@@ -45,7 +45,9 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-reqs", type=int, metavar="N")
     g.add_argument("--max-num-batched-tokens", type=int, metavar="N")
     g.add_argument("--guard", metavar="VARIANT",
-                   help="fixed (default), merged, strict-k2 or staged")
+                   help="fixed (default), merged or strict-k2 (staged: old spelling of --staging)")
+    g.add_argument("--staging", action="store_true", default=None,
+                   help="real-token staging where the guard falls back to eager (spec §3.4)")
     g.add_argument("--twins", metavar="VARIANT", help="all (default) or reachable")
     g.add_argument("--threshold-offset-rank", type=int, metavar="R",
                    help="fault: rank R generates twins with a shifted decode threshold")
@@ -80,6 +82,7 @@ def config_fields_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "max_num_reqs": args.max_num_reqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "guard": args.guard,
+        "staging": args.staging,
         "twins": args.twins,
         "threshold_offset_rank": args.threshold_offset_rank,
         "threshold_offset": args.threshold_offset,

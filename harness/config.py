@@ -83,7 +83,7 @@ class HarnessConfig:
         unknown = next((name for name in flat if name not in PART_OF), None)
         if unknown is not None:
             raise TypeError(f"HarnessConfig has no field {unknown!r}")
-        values = dict(flat)
+        values = old_spellings(flat)
         for name, parse in PARSERS.items():
             if name in values:
                 values[name] = parse(values[name], name)
@@ -209,9 +209,9 @@ class HarnessConfig:
                 if getattr(m, name) != getattr(_REFERENCE, name):
                     raise ConfigError(name, "switches the harness's own decision code; the "
                                       "vllm system under test brings its own")
-        if m.guard is Guard.STAGED and system.execution is Execution.VLLM:
-            raise ConfigError("guard", "staged needs the harness's own execution: vLLM's "
-                              "runner does not stage real tokens (docs/spec.md §3.4)")
+        if self.serving.staging and self.uses_vllm:
+            raise ConfigError("staging", "needs the harness's own decisions and execution: "
+                              "vLLM's code does not stage real tokens (docs/spec.md §3.4)")
         for name in HARNESS_EXECUTION_SWITCHES if system.execution is Execution.VLLM else ():
             if getattr(m, name) != getattr(_REFERENCE, name):
                 raise ConfigError(name, "switches the harness's own execution; with execution "
@@ -223,7 +223,7 @@ class HarnessConfig:
         """Types and ranges a file could get wrong with nothing later noticing (or only a
         crash in a rank)."""
         s, m, seed = self.serving, self.mutation, self.model.seed
-        for name, value in (("enable_dbo", s.enable_dbo),
+        for name, value in (("enable_dbo", s.enable_dbo), ("staging", s.staging),
                             ("single_rank_gpu_world", s.single_rank_gpu_world)):
             if not isinstance(value, bool):
                 raise ConfigError(name, f"must be true or false, got {value!r}")
@@ -305,7 +305,18 @@ _OMITTED_WHEN_DEFAULT = ("vllm_src", "vllm_patches", "differential_against_base"
                          "switch_to_compute", "continuation", "lookback_refresh", "idle_step",
                          "dummy_execution", "draft_sync_state", "replay_tag", "ids_gather_wait",
                          "staging_restore", "staging_vote", "draft_schedule", "verify_slices",
-                         "fault_tolerance", "dead_set")
+                         "fault_tolerance", "dead_set", "staging")
+
+
+def old_spellings(flat: dict[str, Any]) -> dict[str, Any]:
+    """Flat fields with an old spelling put the way it is said now: `guard: staged`, from when
+    staging was stored among the bug switches, is `staging: true` under the fixed guard."""
+    if flat.get("guard") != "staged":
+        return dict(flat)
+    if flat.get("staging") is False:
+        raise ConfigError("guard", "staged (the old spelling of staging: true) contradicts "
+                          "staging: false; give one of them")
+    return {**flat, "guard": Guard.FIXED.value, "staging": True}
 
 
 def config_kwargs(data: dict[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,7 @@
-"""The frozen parts a HarnessConfig is made of (docs/spec.md §0): how vLLM serves (Serving),
-the model's shape (Model), the bug planted in the system under test (Mutation; Mutation() plants
-none: the reference) and whose code decides and executes the steps (System).
+"""The frozen parts a HarnessConfig is made of (docs/spec.md §0): how vLLM serves (Serving, its
+policies such as real-token staging among them), the model's shape (Model), the bug planted in
+the system under test (Mutation; Mutation() plants none: the reference) and whose code decides
+and executes the steps (System).
 
 Each part parses its own fields' wire values; the rules across parts live in HarnessConfig.
 """
@@ -186,6 +187,9 @@ class Serving:
     # vLLM's enable_fault_tolerance (0.34): a DP rank may die mid-run; the survivors leave
     # the dead ranks' columns out of the sync's agreements once they learn (§1.7).
     fault_tolerance: bool = False
+    # Real-token staging (PR #57184's idea, docs/spec.md §3.4): where the fixed guard falls
+    # back to eager, every rank lays its real tokens over every region and keeps the twin.
+    staging: bool = False
     # The GPU suite's world of one rank (one GPU): microbatching with dp_size 1, whose
     # all-to-all is a size-one NCCL op. Allowed nowhere else.
     single_rank_gpu_world: bool = False
@@ -235,7 +239,7 @@ class Mutation:
     query_len_bound: QueryLenBound = _switch(QueryLenBound.SYNCED, DECISION)
     # vLLM's execution, high throughput: whether compute waits for the all-to-all (§11).
     switch_to_compute: SwitchToCompute = _switch(SwitchToCompute.SYNC)
-    # Real-token staging's slips (guard staged, docs/spec.md §3.4); inert under other guards.
+    # Real-token staging's slips (docs/spec.md §3.4); inert unless Serving.staging is on.
     staging_restore: StagingRestore = _switch(StagingRestore.INVERSE, EXECUTION)
     staging_vote: StagingVote = _switch(StagingVote.SYNCED, DECISION)
     # A request split across microbatches (docs/spec.md §7.18-7.19): what its continuation
@@ -287,6 +291,10 @@ class System:
     def __post_init__(self) -> None:
         _parse_fields(self)
 
+
+# Serving policies a planted switch may live under (the staging_* slips need staging on):
+# part of such a bug, where other serving fields are where a search looks.
+POLICIES = ("staging",)
 
 PARTS: dict[str, type] = {"serving": Serving, "model": Model, "mutation": Mutation,
                           "system": System}

@@ -39,7 +39,7 @@ WIRE_FIELDS = {
     "dummy_padding", "query_len_bound", "switch_to_compute", "single_rank_gpu_world",
     "continuation", "lookback_refresh", "idle_step", "dummy_execution", "draft_sync_state",
     "replay_tag", "ids_gather_wait", "staging_restore", "staging_vote", "release",
-    "draft_schedule", "verify_slices", "fault_tolerance", "dead_set"}
+    "draft_schedule", "verify_slices", "fault_tolerance", "dead_set", "staging"}
 
 # Values for the mutation fields a variant draws per example rather than plants.
 DRAWN_MUTATION = {"threshold_offset_rank": 1, "threshold_offset": 4}
@@ -118,7 +118,7 @@ def test_the_fields_of_code_left_untested_stay_out_of_the_flat_dict():
         "varlen_decode", "query_len_bound", "execution", "switch_to_compute", "continuation",
         "lookback_refresh", "idle_step", "dummy_execution", "draft_sync_state", "replay_tag",
         "ids_gather_wait", "staging_restore", "staging_vote", "draft_schedule",
-        "verify_slices", "fault_tolerance", "dead_set"}
+        "verify_slices", "fault_tolerance", "dead_set", "staging"}
 
 
 @pytest.mark.parametrize("path", sorted([*SCENARIOS.rglob("*.json"), *SCENARIOS.rglob("*.toml")]),

@@ -38,7 +38,7 @@ SMALL = {"capture_sizes": (16, 32), "max_num_reqs": 32, "max_num_batched_tokens"
          "decode_threshold": 8, "prefill_threshold": 16}
 
 # The planted decision bugs (docs/spec.md §7) the oracle must not model: drawn, so the
-# harness plans with them and the oracle without. guard staged is a policy, not a bug (§3.4).
+# harness plans with them and the oracle without. Staging is a serving policy (§3.4), no bug.
 SWITCHES = {"guard": st.sampled_from(list(Guard)), "twins": st.sampled_from(list(Twins)),
             "threshold_offset_rank": st.one_of(st.none(), st.integers(0, 1)),
             "threshold_offset": st.integers(-4, 16),
@@ -49,8 +49,7 @@ SWITCHES = {"guard": st.sampled_from(list(Guard)), "twins": st.sampled_from(list
 
 def bug_undone(config: HarnessConfig) -> HarnessConfig:
     """The config with every planted switch back to the reference, the staging policy kept."""
-    staged = config.mutation.guard is Guard.STAGED
-    return replace(config, mutation=Mutation(guard=Guard.STAGED) if staged else Mutation())
+    return replace(config, mutation=Mutation())
 
 
 @st.composite
@@ -58,7 +57,7 @@ def wide_configs(draw) -> HarnessConfig:
     """The decision layer's wide configs with every switch drawn, microbatching sometimes
     off (where PIECEWISE and low thresholds are legal)."""
     config = draw(configs(guards=tuple(Guard)))
-    changes = {"twins": draw(SWITCHES["twins"])}
+    changes = {"twins": draw(SWITCHES["twins"]), "staging": draw(st.integers(0, 3)) == 0}
     if draw(st.integers(0, 4)) == 0:
         changes.update(enable_dbo=False, ubatch_size=0,
                        cudagraph_mode=draw(st.sampled_from(list(CudaGraphMode))),
@@ -134,7 +133,7 @@ PLANTED = {
                                    [LENS([1, 3, 2], decode_query_len=3),
                                     LENS([5, 1], decode_query_len=3)]),
     # §3.4: rank 1 (12 of 16, its last region filled) keeps the fixed guard and runs eagerly.
-    "staging_vote rank-local": ({**SMALL, "guard": "staged", "staging_vote": "rank-local",
+    "staging_vote rank-local": ({**SMALL, "staging": True, "staging_vote": "rank-local",
                                  "decode_threshold": 4}, [UNIFORM(5, 1), UNIFORM(12, 1)]),
 }
 
@@ -300,9 +299,8 @@ def test_importing_the_oracle_loads_no_decision_code():
     assert out.stdout.strip() == "[]"
 
 
-# The spec's one read of the Mutation: the staging policy, a system choice stored among the
-# bug switches (docs/spec.md §3.4); every planted bug is the system under test's alone.
-STAGING_POLICY_READ = "decision.py: stages: config.mutation.guard"
+# The spec reads no field of the Mutation: every planted bug is the system under test's
+# alone, and the staging policy (docs/spec.md §3.4) is a serving field.
 
 
 def mutation_reads(root: Path) -> list[str]:
@@ -349,10 +347,11 @@ class _MutationReads(ast.NodeVisitor):
                           f"{ast.get_source_segment(self.source, node)}")
 
 
-def test_nothing_under_harness_spec_reads_the_mutation_but_the_staging_policy():
-    assert mutation_reads(ROOT / "harness" / "spec") == [STAGING_POLICY_READ]
-    # ...and that read selects the policy alone, no guard of a planted bug.
-    assert [g for g in Guard if stages(HarnessConfig.of(guard=g))] == [Guard.STAGED]
+def test_nothing_under_harness_spec_reads_the_mutation():
+    assert mutation_reads(ROOT / "harness" / "spec") == []
+    # The staging policy is read from the serving part, whatever guard is planted.
+    assert [g for g in Guard if stages(HarnessConfig.of(guard=g))] == []
+    assert all(stages(HarnessConfig.of(guard=g, staging=True)) for g in Guard)
 
 
 def test_a_spec_module_that_reads_a_bug_switch_is_refused(tmp_path):
@@ -365,4 +364,5 @@ def test_a_spec_module_that_reads_a_bug_switch_is_refused(tmp_path):
     assert mutation_reads(tmp_path) == [
         "capture.py: sizes: 'mutation'",
         "decision.py: module: Mutation",
-        STAGING_POLICY_READ, "decision.py: graph_table: config.mutation.twins"]
+        "decision.py: stages: config.mutation.guard",
+        "decision.py: graph_table: config.mutation.twins"]

@@ -25,7 +25,11 @@ from harness.world.sim.world import SimWorld
 FAST = Timeouts(collective_s=2.0, hang_s=4.0, step_deadline_s=15.0)
 SMALL = {"capture_sizes": [16, 32], "max_num_reqs": 32, "max_num_batched_tokens": 64,
          "decode_threshold": 4, "prefill_threshold": 16}
-STAGED = {**SMALL, "guard": "staged"}
+STAGED = {**SMALL, "staging": True}
+
+
+def staging_on(config: HarnessConfig) -> HarnessConfig:
+    return config.with_changes(staging=True)
 
 
 def decode(*tokens: int) -> list[RankBatch]:
@@ -114,21 +118,21 @@ def test_a_rank_local_vote_stages_on_one_rank_and_falls_back_on_its_peer():
 def straddling_decodes(draw):
     """Decodes with one light rank on a region start of a graph the others pad to: where the
     fixed guard decides between twin and eager, so where staging acts (about a third)."""
-    config = draw(configs(guards=(Guard.STAGED,), modes=GRAPH_MODES[:3]))
+    config = draw(configs(modes=GRAPH_MODES[:3]).map(staging_on))
     limit = min(config.serving.max_num_reqs, config.serving.max_num_batched_tokens)
     counts = [min(n, limit) for n in draw(straddling_token_counts(config))]
     return config, [laid_out(config, n, n) for n in counts]
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
-@given(st.one_of(straddling_decodes(), steps(configs(guards=(Guard.STAGED,)))))
+@given(st.one_of(straddling_decodes(), steps(configs().map(staging_on))))
 def test_staged_plans_agree_fill_every_region_and_match_the_spec(step):
     config, batches = step
     got = plan_without_world(config, batches)
     assert first_disagreement(got) is None
     assert all(not p.empty_regions() for p in got)
     assert got == spec_plans(config, batches)
-    fixed = plan_without_world(config.with_changes(guard=Guard.FIXED), batches)
+    fixed = plan_without_world(config.with_changes(staging=False), batches)
     for staged, plain in zip(got, fixed, strict=True):
         if staged.state is not None and staged.state.staged_tokens is not None:
             assert (plain.kind, staged.kind) == ("eager-microbatched", "full-microbatched")
@@ -195,8 +199,8 @@ def test_the_matrix_gets_a_staging_row_of_the_harnesss_own_decisions(tmp_path):
     column = MatrixColumn(3, 2)
     fields = cell_fields(rows[1], column, {"sut": "vllm", "max_num_reqs": 64})
     config = HarnessConfig.of(**fields)
-    assert (config.system.sut.value, config.mutation.guard, config.num_ubatches) == (
-        "harness", Guard.STAGED, 3)
+    assert (config.system.sut.value, config.serving.staging, config.mutation.guard,
+            config.num_ubatches) == ("harness", True, Guard.FIXED, 3)
     assert not row_runs(rows[1], MatrixColumn(2, 2, "vllm-exec-hang"))
     with WorldPool("sim", "gloo", FUZZ_TIMEOUTS) as pool:
         cells = run_matrix(rows[1:], [column], pool.run, world="sim", fixed={},
@@ -228,9 +232,26 @@ def test_a_bad_staging_draw_count_is_one_line_naming_the_flag_and_exit_2(capsys,
     assert "--staging-draws" in capsys.readouterr().err.strip().splitlines()[-1]
 
 
-def test_staging_under_vllms_execution_is_refused_naming_the_guard():
+@pytest.mark.parametrize("system", [{"execution": "vllm"}, {"sut": "vllm"}])
+def test_staging_under_vllms_code_is_refused_naming_the_staging_field(system):
     from harness.errors import ConfigError
 
+    for spelling in ({"staging": True}, {"guard": "staged"}):
+        with pytest.raises(ConfigError) as error:
+            HarnessConfig.of(**spelling, **system)
+        assert error.value.field == "staging" and "own decisions and execution" in str(error.value)
+
+
+def test_the_old_spelling_guard_staged_reads_as_the_staging_policy_under_the_fixed_guard():
+    from harness.errors import ConfigError
+
+    old = HarnessConfig.from_dict({**SMALL, "guard": "staged"})
+    assert old == HarnessConfig.of(**STAGED) and old.mutation.planted() == ()
+    assert old.to_dict()["staging"] is True and old.to_dict()["guard"] == "fixed"
+    assert plans({**SMALL, "guard": "staged"}, 5, 16) == plans(STAGED, 5, 16)
     with pytest.raises(ConfigError) as error:
-        HarnessConfig.of(guard="staged", execution="vllm")
-    assert error.value.field == "guard" and "staged" in error.value.message
+        HarnessConfig.of(guard="staged", staging=False)
+    assert error.value.field == "guard"
+    with pytest.raises(ConfigError) as error:
+        HarnessConfig.of(staging="yes")
+    assert error.value.field == "staging"

@@ -9,7 +9,7 @@ from dataclasses import fields, replace
 import pytest
 from hypothesis import strategies as st
 
-from harness.config_parts import Mutation, System
+from harness.config_parts import POLICIES, Mutation, System
 from harness.faults import FaultKind
 from harness.fuzz.unsteered import (
     BUG_FIELDS,
@@ -65,7 +65,7 @@ def test_nothing_the_search_narrows_with_survives_unsteering():
     for name in SEARCH_NARROWING:
         assert getattr(hunted, name) == getattr(reference_for(FULLY_STEERED.setting), name), \
             f"{name} leaked through"
-    assert {n for n, _ in hunted.setting} <= {f.name for f in fields(System)}
+    assert {n for n, _ in hunted.setting} <= {*(f.name for f in fields(System)), *POLICIES}
     own = hunted.drawn[len(reference_for(FULLY_STEERED.setting).drawn):]
     assert {n for n, _ in own} <= {f.name for f in fields(Mutation)}
 
@@ -74,9 +74,9 @@ def test_nothing_the_search_narrows_with_survives_unsteering():
 def test_every_bug_unsteered_plants_the_same_bug_under_the_references_search(variant):
     hunted = unsteered(variant)
     assert hunted.mutation == variant.mutation and hunted.caught_by == variant.caught_by
-    system = {f.name for f in fields(System)}
+    lives_in = {*(f.name for f in fields(System)), *POLICIES}
     assert hunted.changes == tuple((n, v) for n, v in variant.changes
-                                   if n in system or n in variant.mutation.planted())
+                                   if n in lives_in or n in variant.mutation.planted())
     assert hunted.undo == variant.undo  # the same switches take the bug out again
     reference = reference_for(variant.setting)
     for name in SEARCH_NARROWING:
@@ -106,6 +106,14 @@ def test_a_class_filter_is_kept_only_for_a_hunt_of_code_as_it_ships():
     assert not shipped_class_hunt(EXEC_VARIANTS["vllm-exec"])  # the fault-free reference
     assert not shipped_class_hunt(FULLY_STEERED)  # planted, hunted by one checker
     assert unsteered(FULLY_STEERED).hunt is None
+
+
+@pytest.mark.parametrize("name", ["staging-restore-permuted", "staging-rank-local"])
+def test_a_staging_slip_unsteered_keeps_the_staging_policy_it_lives_under(name):
+    # Without the policy the slip is inert: the reference would hunt a bug that is not there.
+    hunted = unsteered(VARIANTS[name])
+    assert dict(hunted.setting) == {"staging": True} and hunted.drawn == REFERENCE.drawn
+    assert dict(hunted.changes)["staging"] is True
 
 
 def test_a_bug_drawn_as_its_mutation_keeps_those_draws():

@@ -1,9 +1,9 @@
 """The staging table of `make bench`: on each of the fuzzer's DP skew shapes, how many split
 steps keep their FULL microbatched replay under the fixed guard (eager fallback) and under
-real-token staging (`guard = staged`, docs/spec.md §3.4).
+real-token staging (the `staging` policy, docs/spec.md §3.4).
 
 Decisions only, no world: configs and batches drawn the way the fuzzer draws them (its config
-space, one skew shape per row, its layouts), each step decided under both guards by the
+space, one skew shape per row, its layouts), each step decided both ways by the
 harness's decision code. Draft tokens are left out: they exist only with microbatching off,
 where no step splits.
 """
@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 
 from harness.batch import RankBatch
 from harness.bench.draws import distinct_draws
-from harness.bug_switches import Guard
 from harness.config import HarnessConfig
 from harness.fuzz.engine import SIM_DP_SIZES
 from harness.gen.strategies import (
@@ -69,7 +68,7 @@ def staging_row(shape: str, steps: Sequence[Step]) -> StagingRow:
     split = full_fixed = full_staged = 0
     for config, batches in steps:
         fixed = plan_without_world(config, batches)[0]
-        staged = plan_without_world(config.with_changes(guard=Guard.STAGED), batches)[0]
+        staged = plan_without_world(config.with_changes(staging=True), batches)[0]
         if fixed.desc.microbatched != staged.desc.microbatched:
             raise AssertionError(f"staging changed whether {batches} splits under {config}")
         split += fixed.desc.microbatched

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import fields, replace
 
-from harness.config_parts import Mutation, System
+from harness.config_parts import POLICIES, Mutation, System
 from harness.faults import FaultKind
 from harness.fuzz.variants import VARIANTS, Variant, reference_for
 
@@ -26,8 +26,9 @@ def unsteered(variant: Variant, reference: Variant | None = None) -> Variant:
     and nothing of its steering.
 
     The bug, kept: `mutation` (the switch planted); `under_test` and the entries of `setting`
-    that are fields of System (`sut`, `execution`, ...: the vLLM code the bug lives in; a
-    setting field that is not a System field is a config pin, so steering); the entries of
+    that are fields of System (`sut`, `execution`, ...: the vLLM code the bug lives in) or
+    serving POLICIES (`staging`: the policy a staging slip lives under); any other setting
+    field is a config pin, so steering; the entries of
     `drawn` that are Mutation fields (asymmetric-candidates draws its mutation: without them
     nothing is planted); `caught_by` (the checkers detection judges by; the search draws
     nothing from it, it only names the checker reported when several fail on one example);
@@ -40,12 +41,12 @@ def unsteered(variant: Variant, reference: Variant | None = None) -> Variant:
     and `hunt` (a filter on which checkers' failures count), except for a bug of vLLM's code
     as it ships (`shipped_class_hunt`)."""
     reference = reference or reference_for(variant.setting)
-    system = {f.name for f in fields(System)}
+    lives_in = {*(f.name for f in fields(System)), *POLICIES}
     switches = {f.name for f in fields(Mutation)}
     bug = {name: getattr(variant, name) for name in BUG_FIELDS}
     return replace(
         reference, **bug,
-        setting=(*reference.setting, *((n, v) for n, v in variant.setting if n in system)),
+        setting=(*reference.setting, *((n, v) for n, v in variant.setting if n in lives_in)),
         drawn=(*reference.drawn, *((n, s) for n, s in variant.drawn if n in switches)),
         hunt=variant.hunt if shipped_class_hunt(variant) else reference.hunt)
 

@@ -80,6 +80,7 @@ CONTAINED_FAULTS = (FaultKind.RAISE_IN_UBATCH, FaultKind.RETURN_WITHOUT_YIELDING
 # The guard and staging live where twins are replayed: modes that capture FULL graphs.
 TWIN_MODES_DRAWN = (("cudagraph_mode", st.sampled_from(("FULL", "FULL_DECODE_ONLY",
                                                         "FULL_AND_PIECEWISE"))),)
+STAGING = (("staging", True),)  # the serving policy the staging slips live under (§3.4)
 
 VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("reference", "the fixed guard, reachable twins, abortable protocol, capture on the "
@@ -97,20 +98,20 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
             caught_by=("no_empty_region", "captured_split", "spec_decision"),
             ubatch_counts=(3, 4), drawn=TWIN_MODES_DRAWN),
     # Real-token staging (docs/spec.md §3.4): the policy itself, a reference, and two slips.
-    Variant("staged-reference", "guard staged: a split step the fixed guard sends to eager "
+    Variant("staged-reference", "staging: a split step the fixed guard sends to eager "
             "keeps its twin, every rank's real tokens spread over every region and restored "
             "after the replay; otherwise the reference",
-            mutation=Mutation(guard="staged"),
+            setting=STAGING,
             fault_kinds=CONTAINED_FAULTS, fault_every=8, drafts_every=8),
-    Variant("staging-restore-permuted", "guard staged, but the restore gives each region's "
+    Variant("staging-restore-permuted", "staging, but the restore gives each region's "
             "extra token to the last regions instead of the first: a staged rank's output "
             "rows come back permuted, padding rows among them",
-            mutation=Mutation(guard="staged", staging_restore="remainder-last"),
+            mutation=Mutation(staging_restore="remainder-last"), setting=STAGING,
             caught_by=("matches_reference",), drawn=TWIN_MODES_DRAWN),
-    Variant("staging-rank-local", "guard staged, but a rank stages when its own last region "
+    Variant("staging-rank-local", "staging, but a rank stages when its own last region "
             "would be empty: it replays the twin while a peer whose tokens reach that region "
             "keeps the fixed guard and runs the step eagerly",
-            mutation=Mutation(guard="staged", staging_vote="rank-local"),
+            mutation=Mutation(staging_vote="rank-local"), setting=STAGING,
             caught_by=("agreement", "routing_provenance", "errors", "spec_decision"),
             drawn=TWIN_MODES_DRAWN),
     Variant("unreachable-twins", "a microbatched twin generated for every FULL size, including "

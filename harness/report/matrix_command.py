@@ -68,8 +68,8 @@ def add_matrix_command(sub) -> argparse.ArgumentParser:
                     help="where matrix.md, matrix.png and matrix.json go")
     mx.add_argument("--json", action="store_true", help="print one JSON object")
     mx.add_argument("--staged-row", action="store_true",
-                    help="add a last row: the harness's real-token staging policy (guard "
-                    "staged, docs/spec.md §3.4) fuzzed on every config, its own decisions")
+                    help="add a last row: the harness's real-token staging policy ("
+                    "staging, docs/spec.md §3.4) fuzzed on every config, its own decisions")
     add_timeout_flags(mx, FUZZ_TIMEOUTS)
     add_config_flags(mx)
     add_vllm_flags(mx, sut_flag=False, differential=True)

@@ -3,11 +3,11 @@ docs/spec.md (§0.3, §1-§4.1) and sharing no code with harness/sut or harness/
 judge holds the decision code to it (check `spec_decision`); the generator aims with it.
 
 `spec_plans(config, batches)` answers what every rank of the correct system should plan for
-one step, from the config's serving fields alone: the planted bugs of its Mutation (merged or
-strict-k2 guard, all twins, threshold offset, rank-local votes and bounds) live in the system
-under test only, so the judge flags each one that changes a decision, and any slip no switch
-selects. The one Mutation field read is guard = staged (`stages`): a policy beside the fixed
-guard, not a bug (§3.4). Straight loops, rebuilt for every step, no caching.
+one step, from the config's serving fields alone (the staging policy of §3.4 among them): it
+reads no field of the Mutation, whose planted bugs (merged or strict-k2 guard, all twins,
+threshold offset, rank-local votes and bounds) live in the system under test only, so the
+judge flags each one that changes a decision, and any slip no switch selects. Straight loops,
+rebuilt for every step, no caching.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from harness.batch import RankBatch
-from harness.config import CudaGraphMode, Guard, HarnessConfig
+from harness.config import CudaGraphMode, HarnessConfig
 from harness.history.decision import DpSyncState, GraphDescriptor, Region, StepPlan
 from harness.spec.capture import (
     branch_modes,
@@ -48,9 +48,8 @@ def guard_says_eager(config: HarnessConfig, min_tokens: int, graph: GraphDescrip
 
 
 def stages(config: HarnessConfig) -> bool:
-    """§3.4: whether the system runs the real-token staging policy. It is stored as a guard
-    among the Mutation's switches, so this is the spec's one read of them (no bug of it)."""
-    return config.mutation.guard is Guard.STAGED
+    """§3.4: whether the system runs the real-token staging policy (a serving choice)."""
+    return config.serving.staging
 
 
 def cut_length(config: HarnessConfig, uct: int | None) -> int | None:
@@ -66,7 +65,7 @@ def last_region_start(padded: int, k: int, q: int | None = None) -> int:
 
 
 def staging_keeps(config: HarnessConfig, graph: GraphDescriptor, min_tokens: int) -> bool:
-    """§3.4: guard staged keeps a twin the fixed guard refuses when every rank can put a real
+    """§3.4: staging keeps a twin the fixed guard refuses when every rank can put a real
     one-token request in every region: uct 1 and k <= min <= the last region's start. Every
     rank judges by min, row 0 of the gathered matrix, never by its own count."""
     if not stages(config):

@@ -139,7 +139,7 @@ def _microbatched(config: HarnessConfig, table: GraphTable, tokens: list[int], r
     staged = False
     if config.serving.cudagraph_mode is not CudaGraphMode.NONE:
         desc = table.dispatch(batch.num_reqs, largest, synced_uct, num_ubatches=k)
-        # Guard staged keeps a twin the fixed guard refuses when staging fills it (§3.4).
+        # The staging policy keeps a twin the guard refuses when staging fills it (§3.4).
         staged = stages_step(config, tokens, batch.num_tokens, desc)
         if not staged and guard_sends_to_eager(config.mutation.guard, smallest,
                                                desc.num_tokens, k,

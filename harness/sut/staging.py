@@ -1,4 +1,4 @@
-"""Real-token staging (docs/spec.md §3.4): under `guard = staged`, a split step that the fixed
+"""Real-token staging (docs/spec.md §3.4): under the `staging` policy, a split step that the fixed
 guard would send to eager keeps its microbatched graph, every rank laying its real tokens
 over every region of the twin.
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from harness.bug_switches import Guard, StagingVote
+from harness.bug_switches import StagingVote
 from harness.config import CudaGraphMode, HarnessConfig
 from harness.history.decision import GraphDescriptor, Region, StepPlan
 from harness.sut.slicing import region_bounds
@@ -27,10 +27,10 @@ def can_stage(min_tokens: int, desc: GraphDescriptor) -> bool:
 
 def stages_step(config: HarnessConfig, tokens: Sequence[int], own_tokens: int,
                 desc: GraphDescriptor) -> bool:
-    """Whether the step keeps the twin `desc` by staging: guard staged, the fixed guard would
+    """Whether the step keeps the twin `desc` by staging: staging on, the fixed guard would
     send it to eager, and staging is possible. Judged on the gathered minimum; with
     staging_vote rank-local (the slip of §3.4) on this rank's own count."""
-    if (config.mutation.guard is not Guard.STAGED or desc.cg_mode is not CudaGraphMode.FULL
+    if (not config.serving.staging or desc.cg_mode is not CudaGraphMode.FULL
             or not desc.microbatched):
         return False
     judged = (own_tokens if config.mutation.staging_vote is StagingVote.RANK_LOCAL

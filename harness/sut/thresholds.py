@@ -32,9 +32,9 @@ def every_region_gets_a_real_token(min_tokens: int, graph_tokens: int, num_ubatc
 
 def guard_sends_to_eager(guard: Guard, min_tokens: int, graph_tokens: int,
                          num_ubatches: int, split_uct: int | None = None) -> bool:
-    """The empty-microbatch guard of the DP sync, in the variant the config selects (staged
-    keeps the fixed bound; the sync lifts it where staging fills every region, §3.4). The
-    fixed guard asks where the graph's split really puts the last region (§4.1)."""
+    """The empty-microbatch guard of the DP sync, in the variant the config selects (under the
+    staging policy the sync lifts it where staging fills every region, §3.4). The fixed guard
+    asks where the graph's split really puts the last region (§4.1)."""
     if guard is Guard.MERGED:
         return 2 * min_tokens < graph_tokens
     if guard is Guard.STRICT_K2:
