@@ -49,11 +49,12 @@ test: $(ENV_STAMP) redis
 # NNODES=N: one DP world of N x NPROC ranks over N torchrun agents (c10d rendezvous at RDZV,
 # host:port; without RDZV every node runs here on loopback). NODE_RANK=0 runs the suite (the
 # driver); NODE_RANK>0 runs that node's agent only. Nodes share DBO_HARNESS_CONTROL_KEY.
-# On one node over gloo the suite runs DIST_WORKERS pytest workers, each with its own world:
-# much of a failing example is a wait (a hang's timeout), so two share two cores well.
+# On one node the suite runs DIST_WORKERS pytest workers, each with its own world: much of a
+# failing example is a wait (a hang's timeout, a spare's boot), so two share two cores well;
+# NCCL worlds (the GPU machine: 16 cores, the ranks time-slicing one GPU) run four.
 NNODES ?= 1
 NODE_RANK ?= 0
-DIST_WORKERS ?= 2
+DIST_WORKERS ?= $(if $(filter nccl,$(BACKEND)),4,2)
 RDZV ?=
 test-dp: $(ENV_STAMP)
 ifneq ($(NODE_RANK),0)
@@ -61,7 +62,7 @@ ifneq ($(NODE_RANK),0)
 		--rdzv-endpoint $(RDZV) --nproc $(NPROC)
 else
 	$(PYTHON) -m pytest -q -rs -m dist --world torchrun --nproc $(NPROC) --backend $(BACKEND) \
-		$(if $(and $(filter gloo,$(BACKEND)),$(filter 1,$(NNODES))),-n $(DIST_WORKERS) --dist worksteal) \
+		$(if $(filter 1,$(NNODES)),-n $(DIST_WORKERS) --dist worksteal) \
 		$(if $(DEVICE),--device $(DEVICE)) $(if $(filter-out 1,$(NNODES)),--nnodes $(NNODES) \
 		$(if $(RDZV),--rdzv-endpoint $(RDZV))) tests
 endif
