@@ -34,10 +34,11 @@ from harness.fuzz.database import (
     StoppableDatabase,
     open_database,
 )
+from harness.fuzz.known_verdicts import KnownVerdicts
 from harness.fuzz.profiles import reproduce_blob
 from harness.fuzz.reduce import reduce_structure, reduce_tokens
 from harness.fuzz.result import NOT_SHRUNK, ExampleVerdict, FuzzOutcome
-from harness.fuzz.run_log import ExampleEntry, Intermittency, VerdictEntry, append
+from harness.fuzz.run_log import Intermittency, append, example_entry
 from harness.fuzz.schedules import ScheduleSpace, keyed_fields, scheduled
 from harness.fuzz.signals import (
     _BudgetSpent,
@@ -126,6 +127,7 @@ class _Search:
     restarts: int = 0
     replayed: int = 0
     tally: CoverageTally = field(default_factory=CoverageTally)  # every verdict judged
+    known: KnownVerdicts = field(default_factory=KnownVerdicts)  # verdicts no run is needed for
 
     def begin_run(self) -> None:
         """A Hypothesis run starts: its reuse phase replays what is saved now."""
@@ -140,8 +142,9 @@ class _Search:
 
     def verdict(self, scenario: Scenario, shrink_bounded: bool = True) -> ExampleVerdict | None:
         key = json.dumps(scenario.to_dict(), sort_keys=True)
-        if key in self.results:
-            return self.results[key]
+        known = self.results.get(key) or self.known.verdict_of(scenario)
+        if known is not None:
+            return known
         if self.found_at is None and self._spent():
             self._stop(_BudgetSpent())
         if self.found_at is None and self.shared is not None and self.shared.arrived():
@@ -196,9 +199,11 @@ class _Search:
         self.examples += 1
         self.tally.add_verdicts(result.verdicts())
         if self.log_path is not None:
-            append(self.log_path, _example_entry(self, scenario, result,
-                                                 time.monotonic() - began))
-        return first_failure(result, self.variant.caught_by, self.hunt)
+            append(self.log_path, example_entry(self.run_id, self.variant.name, self.world,
+                                                scenario, result, time.monotonic() - began))
+        verdict = first_failure(result, self.variant.caught_by, self.hunt)
+        self.known.add(scenario, result, verdict)
+        return verdict
 
     def confirmed(self, minimal: Scenario) -> tuple[Scenario, ExampleVerdict]:
         """The smallest failure that fails again when rerun. Shrink steps are believed on one
@@ -241,18 +246,6 @@ class _Search:
         b = self.budget
         return ((b.seconds is not None and self.elapsed() >= b.seconds)
                 or (b.examples is not None and self.examples >= b.examples))
-
-
-def _example_entry(search: _Search, scenario: Scenario, result: ScenarioResult,
-                   seconds: float) -> ExampleEntry:
-    verdicts = [VerdictEntry(None, v.checker, v.ok, v.detail, v.applied, "start-up")
-                for v in result.startup_verdicts]
-    verdicts += [VerdictEntry(i, v.checker, v.ok, v.detail, v.applied, "step")
-                 for i, step in enumerate(result.steps) for v in step.verdicts]
-    verdicts += [VerdictEntry(None, v.checker, v.ok, v.detail, v.applied, "scenario")
-                 for v in result.scenario_verdicts]
-    return ExampleEntry(search.run_id, search.variant.name, search.world, scenario.to_dict(),
-                        result.ok, tuple(verdicts), round(seconds, 4))
 
 
 def scenario_strategy(variant: Variant, fixed: Mapping[str, Any],

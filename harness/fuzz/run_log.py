@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from harness.check.coverage import FAILED, HELD, NOT_APPLICABLE, UNKNOWN
+from harness.check.judge import ScenarioResult
 from harness.errors import ConfigError
+from harness.scenario import Scenario
 
 DEFAULT_LOG = ".harness/fuzz-log.jsonl"
 
@@ -111,6 +113,19 @@ class FindingEntry:
 
 
 Entry = ExampleEntry | FindingEntry
+
+
+def example_entry(run_id: str, variant: str, world: str, scenario: Scenario,
+                  result: ScenarioResult, seconds: float) -> ExampleEntry:
+    """One judged example: every verdict, by phase."""
+    verdicts = [VerdictEntry(None, v.checker, v.ok, v.detail, v.applied, "start-up")
+                for v in result.startup_verdicts]
+    verdicts += [VerdictEntry(i, v.checker, v.ok, v.detail, v.applied, "step")
+                 for i, step in enumerate(result.steps) for v in step.verdicts]
+    verdicts += [VerdictEntry(None, v.checker, v.ok, v.detail, v.applied, "scenario")
+                 for v in result.scenario_verdicts]
+    return ExampleEntry(run_id, variant, world, scenario.to_dict(), result.ok, tuple(verdicts),
+                        round(seconds, 4))
 
 
 def entry_to_dict(entry: Entry) -> dict[str, Any]:
