@@ -4,6 +4,8 @@ an idle rank's part in a step, the drafter's reused sync state, the dispatch's r
 
 from __future__ import annotations
 
+import gc
+import weakref
 from dataclasses import replace
 
 import pytest
@@ -54,6 +56,17 @@ def test_a_rebinding_prepare_leaves_the_storage_a_graph_captured_unwritten():
     captured.zero_()
     mb = prepare_microbatch(step, meta, UbatchSlice(0, 2, 8, 16), rebind_lookback=True)
     assert captured[:2].tolist() == [0, 0] and mb.computed.tolist() == [28, 3]
+
+
+def test_the_storage_a_graph_captured_outlives_every_rebinding_prepare():
+    # On real CUDA graphs a freed capture storage goes to other tensors, and the slip would
+    # read garbage in one step (seen on the H100); kept alive, it reads an earlier run's counts.
+    step, meta = twelve_token_prefill_after(context=20), UbatchMetadata(4)
+    captured = weakref.ref(meta.computed)
+    for _ in range(3):
+        prepare_microbatch(step, meta, UbatchSlice(0, 2, 8, 16), rebind_lookback=True)
+    gc.collect()
+    assert captured() is not None and captured() is not meta.computed
 
 
 def run(config: dict, ranks: list) -> object:

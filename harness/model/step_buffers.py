@@ -102,6 +102,9 @@ class UbatchMetadata:
         # Per request, its tokens cached before the microbatch's first token: the step's
         # count plus, for a request continued from an earlier microbatch, its tokens there.
         self.computed = torch.zeros(max_num_reqs, dtype=torch.int64, device=device)
+        # The storage start-up captures over, kept alive: under the rebind slip a real CUDA
+        # graph then reads an earlier run's counts, as an emulated one does, not freed memory.
+        self.captured_computed = self.computed
 
 
 @dataclass(frozen=True)
