@@ -28,6 +28,7 @@ from harness.gen.drafts import (
     uniform_beside_twin,
 )
 from harness.gen.fault_draws import faults
+from harness.gen.guard_room import sizes_with_room
 from harness.gen.verify_budget import verified_layout
 from harness.scenario import Scenario
 from harness.spec.decision import last_region_start
@@ -107,7 +108,8 @@ def fuzz_configs(draw, fixed: Mapping[str, Any] | None = None, *,
         fields.update(draft_fields(draw, pick_early, drafting, rarely=k > 1))
     mode = pick("cudagraph_mode", graph_modes(fields.get("varlen_decode", False)))
     sizes = pick("capture_sizes", st.lists(st.sampled_from(SIZE_CHOICES), min_size=1,
-                                           max_size=2, unique=True).map(sorted))
+                                           max_size=2, unique=True).map(sorted)
+                 .flatmap(lambda drawn: sizes_with_room(drawn, k, SIZE_CHOICES)))
     largest = max(sizes) if sizes else FUZZ_MAX_TOKENS
     fields.update(
         cudagraph_mode=mode,
@@ -315,26 +317,28 @@ def draft_batches(draw, config: HarnessConfig) -> list[RankBatch]:
     as decodes of 1..q tokens (what varlen decode graphs serve), uniform decodes of exactly q
     (the uniform spec-decode graphs), or a batch with a prefill (no query-length bound), next
     to each other; one step in BOUND_EVERY prefills beside decodes within one graph (where
-    the synced bound decides), one in 2 * BOUND_EVERY a split step: uniform decodes around a
-    twin's last region, or where the config captures no such twin (varlen graphs have none)
-    every rank past the threshold; and each rank's skip_drafts vote (docs/spec.md §1.6, §4.1)."""
-    shape = draw(st.integers(0, 2 * BOUND_EVERY - 1))
-    # Shrinks toward the plain skew (0); half the steps put a prefill beside decodes.
-    shaped = (draw(decode_beside_prefill(config)) if shape >= BOUND_EVERY else
-              draw(uniform_beside_twin(config)) or draw(drafts_past_the_split(config))
-              if shape == 1 else [])
+    the synced bound decides; one in 2 * BOUND_EVERY in a microbatched config, as the bound
+    picks graphs for unsplit steps), one in 2 * BOUND_EVERY (two if microbatched) a split step:
+    uniform decodes around a twin's last region, or where the config captures no such twin
+    every rank past the threshold; and each rank's skip_drafts vote (§1.6, §4.1, §7.24)."""
+    shape = draw(st.integers(0, 2 * BOUND_EVERY - 1))  # shrinks toward the plain skew (0)
+    split = shape == 1 or (shape == 2 * BOUND_EVERY - 1 and config.num_ubatches > 1)
+    shaped = (draw(uniform_beside_twin(config)) or draw(drafts_past_the_split(config)) if split
+              else draw(decode_beside_prefill(config)) if shape >= BOUND_EVERY else [])
     if not shaped:
         shaped = [(n, draw(st.sampled_from(DRAFT_LAYOUTS)))
                   for n in draw(skewed_token_counts(config))]
     everyone_skips = draw(st.integers(0, 3)) == 3
-    batches = []
+    batches, largest = [], max((n for n, _ in shaped), default=0)
     for n, layout in shaped:
         skip = True if everyone_skips else draw(st.booleans())
         allow = _allows_ubatching(draw)
         # Under adaptive verification a budget below the drafts is its common case: one rank
-        # in two trims its drafts to a budget (§7.24).
+        # in two trims its drafts to a budget (§7.24), three in four of the largest, the rank
+        # whose requests a split step cuts (a smaller one's may all sit in one microbatch).
+        trims = draw(st.integers(0, 3)) > 0 if n == largest else draw(st.booleans())
         verified = (draw(verified_layout(config, n)) if config.serving.varlen_decode
-                    and draw(st.booleans()) else None)
+                    and trims else None)
         lens, scheduled = verified or (draft_layout(config, n, layout, draw), None)
         batches.append(RankBatch.from_query_lens(lens, allow, config.serving.decode_query_len,
                                                  skip, scheduled))
