@@ -224,6 +224,20 @@ def fuzz_world(request: pytest.FixtureRequest, nproc: int):
     _close_and_clock(inner)
 
 
+@pytest.fixture(scope="session")
+def vllm_exec_pool():
+    """Torchrun worlds whose ranks import vLLM before they say ready, with the fuzzer's
+    timeouts, kept for the session (per xdist worker): the searches of vLLM's execution share
+    them instead of each booting a world and a spare with vLLM's imports (10-60 s apiece)."""
+    from harness.fuzz.engine import FUZZ_TIMEOUTS
+    from harness.world.pool import WorldPool
+
+    pool = WorldPool("torchrun", "gloo", FUZZ_TIMEOUTS, 2, preload_vllm=True)
+    yield pool
+    leftover = pool.close()
+    assert not leftover, f"processes of the vLLM worlds outlived them: {leftover}"
+
+
 def _close_and_clock(world) -> None:
     from harness.report.suite_time import add_clock
 

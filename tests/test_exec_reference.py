@@ -100,16 +100,15 @@ def test_a_threads_fault_always_lands_where_threads_run_and_a_ranks_only_mostly(
 @pytest.mark.slow
 @pytest.mark.timeout(540)
 def test_on_vllm_with_its_known_fixes_the_references_faulted_search_holds_every_checker(
-        tmp_path):
+        vllm_exec_pool, tmp_path):
     from harness.vllm_sut.available import installed_release, unavailable_reason, vllm_version
 
     if vllm_version() is None:
         pytest.skip(unavailable_reason())
     from harness.bench.detection import known_fixes
-    from harness.fuzz.engine import FUZZ_TIMEOUTS, Budget, fuzz
+    from harness.fuzz.engine import Budget, fuzz
     from harness.fuzz.run_log import ExampleEntry, read_log
     from harness.scenario import scenario_from_dict
-    from harness.world.pool import WorldPool
 
     reference = replace(reference_for(EXECUTING), setting=EXECUTING)
     # #55586's fix and the guard's (the decisions are vLLM's too): the slips' reference rows
@@ -117,10 +116,10 @@ def test_on_vllm_with_its_known_fixes_the_references_faulted_search_holds_every_
     release = installed_release().value
     fixed = {"release": release, "vllm_patches": known_fixes(release)}
     log = tmp_path / "examples.jsonl"
-    with WorldPool("torchrun", "gloo", FUZZ_TIMEOUTS, 2, preload_vllm=True) as pool:
-        outcome = fuzz(reference, pool.run, world="torchrun", dp_sizes=(2,),
-                       budget=Budget(examples=50, seconds=None), database=None,
-                       scenario_dir=tmp_path, seed=0, fixed=fixed, log_path=log)
+    # The session's vLLM worlds (conftest.py vllm_exec_pool), shared with the exec hunts.
+    outcome = fuzz(reference, vllm_exec_pool.run, world="torchrun", dp_sizes=(2,),
+                   budget=Budget(examples=50, seconds=None), database=None,
+                   scenario_dir=tmp_path, seed=0, fixed=fixed, log_path=log)
     assert not outcome.found, outcome.detail
     # World runs: Hypothesis counts rejected draws too (on 0.33.0, whose configs refuse 0.34's
     # fields, 26 of the 50 ran on 2026-12-06).

@@ -34,18 +34,19 @@ STREAM_BUDGET = Budget(examples=500, seconds=None, shrink_examples=150, shrink_s
 BOUND_S = 540
 
 
-def hunt(tmp_path, name: str, budget: Budget = BUDGET):
+def hunt(pool, tmp_path, name: str, budget: Budget = BUDGET):
+    # `pool`: the session's vLLM worlds (conftest.py vllm_exec_pool), booted once per worker.
     variant = EXEC_VARIANTS[name]
-    with WorldPool("torchrun", "gloo", FUZZ_TIMEOUTS, 2, preload_vllm=True) as pool:
-        return fuzz(variant, pool.run, world="torchrun", dp_sizes=(2,), budget=budget,
-                    database=None, scenario_dir=tmp_path, seed=0, hunt=variant.hunt,
-                    fixed={"release": installed_release().value})
+    return fuzz(variant, pool.run, world="torchrun", dp_sizes=(2,), budget=budget,
+                database=None, scenario_dir=tmp_path, seed=0, hunt=variant.hunt,
+                fixed={"release": installed_release().value})
 
 
 @pytest.mark.starts_first  # the two longest of `make test-vllm`: one per worker, from the start
 @pytest.mark.timeout(BOUND_S)
-def test_the_fuzzer_finds_vllms_sibling_failure_hang_and_names_the_parked_frame(tmp_path):
-    outcome = hunt(tmp_path, "vllm-exec-hang")
+def test_the_fuzzer_finds_vllms_sibling_failure_hang_and_names_the_parked_frame(
+        vllm_exec_pool, tmp_path):
+    outcome = hunt(vllm_exec_pool, tmp_path, "vllm-exec-hang")
     assert outcome.found and outcome.checker == "liveness", outcome.note
     assert "vllm/v1/worker/ubatching.py" in outcome.detail
     assert len(outcome.scenario.steps) == 1 and len(outcome.scenario.faults) == 1
@@ -53,8 +54,8 @@ def test_the_fuzzer_finds_vllms_sibling_failure_hang_and_names_the_parked_frame(
 
 @pytest.mark.starts_first
 @pytest.mark.timeout(BOUND_S)
-def test_the_fuzzer_finds_vllms_recv_hook_crash_with_its_line(tmp_path):
-    outcome = hunt(tmp_path, "vllm-exec-crash")
+def test_the_fuzzer_finds_vllms_recv_hook_crash_with_its_line(vllm_exec_pool, tmp_path):
+    outcome = hunt(vllm_exec_pool, tmp_path, "vllm-exec-crash")
     assert outcome.found and outcome.checker == "errors", outcome.note
     assert "'NoneType' object has no attribute 'recv_hook'" in outcome.detail
     assert "vllm/v1/worker/ubatching.py:" in outcome.detail
@@ -62,15 +63,16 @@ def test_the_fuzzer_finds_vllms_recv_hook_crash_with_its_line(tmp_path):
 
 
 @pytest.mark.timeout(BOUND_S)
-def test_a_fault_free_search_of_vllms_execution_holds_every_checker(tmp_path):
-    outcome = hunt(tmp_path, "vllm-exec", Budget(examples=40, seconds=None))
+def test_a_fault_free_search_of_vllms_execution_holds_every_checker(vllm_exec_pool, tmp_path):
+    outcome = hunt(vllm_exec_pool, tmp_path, "vllm-exec", Budget(examples=40, seconds=None))
     assert not outcome.found, outcome.detail
     assert outcome.examples >= 30  # world runs; Hypothesis counts the examples it rejected too
 
 
 @pytest.mark.timeout(BOUND_S)
-def test_the_fuzzer_finds_a_missing_compute_wait_by_stream_order_alone(tmp_path):
-    outcome = hunt(tmp_path, "ht-missing-compute-wait", STREAM_BUDGET)
+def test_the_fuzzer_finds_a_missing_compute_wait_by_stream_order_alone(vllm_exec_pool,
+                                                                       tmp_path):
+    outcome = hunt(vllm_exec_pool, tmp_path, "ht-missing-compute-wait", STREAM_BUDGET)
     assert outcome.found and outcome.checker == "stream_order", outcome.note
     assert "experts on stream default reads dispatch recv of microbatch" in outcome.detail
     assert len(outcome.scenario.steps) == 1 and not outcome.scenario.faults
