@@ -1,6 +1,6 @@
 """The reference search's draws toward split steps (issue 44 item 8): a microbatched config
 captures a twin with room for its guard (harness/gen/guard_room.py), a drafted microbatched
-config splits its steps as often as it pads them to the bound, and adaptive verification trims
+config aims as many steps at a split as at the bound, and adaptive verification trims
 the drafts of the largest rank, whose requests a split cuts. Shares are summed over several
 seeds of the fuzzer's own strategy, never one."""
 
@@ -60,7 +60,7 @@ def test_tight_sizes_are_joined_by_a_roomy_one_but_one_config_in_four_keeps_them
 
 def test_most_microbatched_configs_the_fuzzer_draws_capture_a_twin_with_room():
     # Seeds 0-2, 300 examples each: 65% before (the simplest size, 4, fills the early
-    # examples), 94% with the roomy size.
+    # examples), 92% with the roomy size.
     split = [s.config for s in _drawn() if s.config.num_ubatches > 1
              and s.config.cudagraph_capture_sizes]
     roomy = sum(has_room(c.cudagraph_capture_sizes, c.num_ubatches) for c in split)
@@ -76,16 +76,17 @@ def _drafted_microbatched_steps():
             yield from ((config, scenario.batches(i)) for i in range(len(scenario.steps)))
 
 
-def test_a_drafted_microbatched_config_splits_a_third_of_its_steps_or_more():
-    # Seeds 0-2: 19% before, when three steps in four aimed at the bound or the plain skew.
+def test_a_drafted_microbatched_config_splits_more_than_a_quarter_of_its_steps():
+    # Seeds 0-2, 300 examples each: 19% before, when one step shape in four aimed at a split
+    # (half at the bound, a quarter at the plain skew); 34% with two shapes in five.
     steps = list(_drafted_microbatched_steps())
     split = sum(reference_plans(config, batches)[0].desc.microbatched
                 for config, batches in steps)
-    assert split >= len(steps) / 3, (split, len(steps))
+    assert split >= 0.28 * len(steps), (split, len(steps))
 
 
 def test_the_largest_rank_of_a_drafted_step_trims_its_drafts_more_often_than_the_others():
-    # Seeds 0-2: largest 29%, others 30% before; now 57% and 26%.
+    # Seeds 0-2, 300 examples each: largest 29%, others 30% before; now 59% and 34%.
     largest, others = [0, 0], [0, 0]
     for _, batches in _drafted_microbatched_steps():
         top = max(b.num_tokens for b in batches)

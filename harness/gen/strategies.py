@@ -317,12 +317,13 @@ def draft_batches(draw, config: HarnessConfig) -> list[RankBatch]:
     as decodes of 1..q tokens (what varlen decode graphs serve), uniform decodes of exactly q
     (the uniform spec-decode graphs), or a batch with a prefill (no query-length bound), next
     to each other; one step in BOUND_EVERY prefills beside decodes within one graph (where
-    the synced bound decides; one in 2 * BOUND_EVERY in a microbatched config, as the bound
-    picks graphs for unsplit steps), one in 2 * BOUND_EVERY (two if microbatched) a split step:
-    uniform decodes around a twin's last region, or where the config captures no such twin
-    every rank past the threshold; and each rank's skip_drafts vote (§1.6, §4.1, §7.24)."""
-    shape = draw(st.integers(0, 2 * BOUND_EVERY - 1))  # shrinks toward the plain skew (0)
-    split = shape == 1 or (shape == 2 * BOUND_EVERY - 1 and config.num_ubatches > 1)
+    the synced bound decides), one in 2 * BOUND_EVERY a split step (a microbatched config draws
+    one more split shape, where the cut and the trims act): uniform decodes around a twin's
+    last region, or where the config captures no such twin every rank past the threshold; and
+    each rank's skip_drafts vote (docs/spec.md §1.6, §4.1, §7.24)."""
+    last = 2 * BOUND_EVERY - (1 if config.num_ubatches < 2 else 0)
+    shape = draw(st.integers(0, last))  # shrinks toward the plain skew (0)
+    split = shape == 1 or shape == 2 * BOUND_EVERY
     shaped = (draw(uniform_beside_twin(config)) or draw(drafts_past_the_split(config)) if split
               else draw(decode_beside_prefill(config)) if shape >= BOUND_EVERY else [])
     if not shaped:
