@@ -50,7 +50,7 @@ VLLM_ROWS = (*VLLM_SHIPPED, *VLLM_SLIPS)
 # applied there only.
 PATCHES = Path(__file__).resolve().parents[2] / "scenarios" / "vllm" / "patches"
 KNOWN_FIXES = ("pr55586-unwind.diff", "last-region-start.diff",
-               "twin-threshold-by-query-len.diff")
+               "twin-threshold-by-query-len.diff", "verify-slices-by-device-layout.diff")
 # vLLM's execution keeps a process per rank, so on the sim world too it runs on a torchrun
 # world (harness.world.world_for): DP 2 on both, as on the torchrun world.
 VLLM_DP = 2
