@@ -14,9 +14,6 @@ from harness.fuzz.profiles import profile_from_environment
 from harness.runtime.intra_op import one_intra_op_thread
 from harness.world import BACKEND_HELP, BACKENDS, DEVICE_HELP, DEVICES
 
-# `--dist loadgroup` groups by `xdist_group` again under pytest 9.2 (harness/xdist_groups.py).
-pytest_plugins = ("harness.xdist_groups",)
-
 settings.load_profile(profile_from_environment())
 one_intra_op_thread()  # each pytest worker judges on one core; xdist runs two of them
 

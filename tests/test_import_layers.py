@@ -15,7 +15,6 @@ HARNESS = Path(__file__).resolve().parents[1] / "harness"
 # Lowest first. A top-level module counts as a package of its own.
 LAYERS = (
     "errors", "data_file", "termination",  # one-line errors, TOML/JSON input, SIGTERM
-    "xdist_groups",  # a pytest plugin: `--dist loadgroup` groups under pytest 9.2
     "vllm_code",  # vLLM's source as data: diffs, patch descriptors, which vLLM a tree is
     "bug_switches", "config_values", "config_parts", "config",  # plain data and rules
     "timeouts", "batch", "faults", "invariants",  # invariants: the checkers by name

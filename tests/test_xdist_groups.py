@@ -1,6 +1,7 @@
 """`--dist loadgroup` keeps a module marked with one `xdist_group` on one worker, so its
-module-scoped world boots once (harness/xdist_groups.py; `make test-vllm` relies on it): run
-on a throwaway test tree in a pytest of its own, with two workers."""
+module-scoped world boots once (`make test-vllm` relies on it; pytest 9.2 with xdist 3.8 broke
+it, hence pyproject.toml's pin): run on a throwaway test tree in a pytest of its own, with two
+workers, under the pytest and xdist installed here."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ def run_loadgroup(tmp_path: Path) -> tuple[dict[str, set[str]], list[str]]:
     boots = tmp_path / "boots.txt"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "BOOTS": str(boots)}
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "harness.xdist_groups", "-p", "no:cacheprovider",
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
          "-n", "2", "--dist", "loadgroup", "-v", "--rootdir", str(tmp_path),
          "-c", str(tmp_path / "pytest.ini"), "test_grouped.py", "test_loose.py"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
