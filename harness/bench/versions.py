@@ -69,8 +69,9 @@ FAMILIES = (
                                                 f"{SEARCH}/verify-q4.json", *GUARD_034,
                                                 *EXEC_WORLD),
            ("tokens_in_their_requests", "matches_reference"), since="0.34"),
-    # 0.34's fault tolerance: dead DP ranks left out only where a survivor was told (§7.25).
-    Family("dead rank told late", ("--sut", "vllm", "--config",
+    # 0.34's fault tolerance: dead DP ranks left out only where a survivor was told (§7.25);
+    # every twin reachable, as above, and the draft families never draw dead ranks.
+    Family("dead rank told late", ("--sut", "vllm", "--max-num-reqs", "64", "--config",
                                    f"{SEARCH}/fault-tolerance.json", *GUARD_034,
                                    "--vllm-patch", TWINS_034),
            ("dead_slots_left_out", "agreement", "differential"), since="0.34"),
