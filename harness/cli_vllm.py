@@ -27,6 +27,10 @@ def add_vllm_flags(parser: argparse.ArgumentParser, *, sut_flag: bool = True,
     g.add_argument("--vllm-patch", action="append", default=[], metavar="FILE",
                    help="a unified diff against vLLM's tree (vllm/...py), applied in memory "
                    "to private copies of the files it touches (repeatable, in order)")
+    g.add_argument("--vllm-fix", action="append", default=[], metavar="NAME",
+                   help="one of the project's fixes of a known vLLM bug, by file name "
+                   "(scenarios/vllm/patches/; the one written against the tested release "
+                   "where there is one), applied before any --vllm-patch (repeatable)")
     g.add_argument("--vllm-src", metavar="DIR",
                    help="a vLLM checkout (the directory holding its vllm package) whose "
                    "decision modules replace the installed ones")
@@ -48,12 +52,17 @@ def vllm_fields(args: argparse.Namespace, sut: str | None = None,
     differential = getattr(args, "differential_against", None) == "base"
     executes = getattr(args, "execution", "harness") == "vllm"
     if sut != "vllm" and not executes:
-        given = ("vllm_patch" if args.vllm_patch else "vllm_src" if args.vllm_src
+        given = ("vllm_patch" if args.vllm_patch else "vllm_fix" if _fixes(args)
+                 else "vllm_src" if args.vllm_src
                  else "differential_against" if differential else None)
         if given:
             raise ConfigError(given, "names vLLM code; it needs --sut vllm or --exec vllm")
         return {}
-    patches = tuple(read_patch(path) for path in args.vllm_patch)
+    if _fixes(args):  # named for the release of the tree they fix, checked first
+        check_vllm_code(args.vllm_src, ())
+    release = release_of(args.vllm_src).value if _fixes(args) else None
+    patches = tuple(read_patch(path) for path in
+                    [*(_fix(name, release) for name in _fixes(args)), *args.vllm_patch])
     names = [p.name for p in patches]
     twice = next((n for n in names if names.count(n) > 1), None)
     if twice is not None:
@@ -62,12 +71,27 @@ def vllm_fields(args: argparse.Namespace, sut: str | None = None,
         check_vllm_code(args.vllm_src, group)
     fields = {"vllm_src": args.vllm_src, "vllm_patches": patches,
               "differential_against_base": differential,
-              "release": release_of(args.vllm_src).value}
+              "release": release or release_of(args.vllm_src).value}
     if sut == "vllm":
         fields["sut"] = "vllm"
     if executes:
         fields["execution"] = "vllm"
     return fields
+
+
+def _fixes(args: argparse.Namespace) -> list[str]:
+    return getattr(args, "vllm_fix", None) or []
+
+
+def _fix(name: str, release: str) -> str:
+    """A known fix's file for the tested release, or one line naming the field."""
+    from harness.vllm_code.fixes import fix_names, fix_path
+
+    path = fix_path(name, release)
+    if path is None:
+        raise ConfigError("vllm_fix", f"no fix {name!r} for vLLM {release} (known: "
+                          f"{', '.join(fix_names())})")
+    return str(path)
 
 
 def release_of(vllm_src: str | None) -> Release:

@@ -220,6 +220,8 @@ def test_differential_against_base_needs_patched_code():
     (["decide", "--tokens", "2,4", "--sut", "vllm", "--vllm-src", "/nonexistent"],
      "vllm_src: /nonexistent is not a directory"),
     (["matrix", "--ks", "1"], "ks: holds 1"),
+    (["fuzz", "--sut", "vllm", "--vllm-fix", "nope.diff"], "vllm_fix: no fix 'nope.diff' for"),
+    (["fuzz", "--vllm-fix", "last-region-start.diff"], "vllm_fix: names vLLM code"),
 ])
 def test_bad_vllm_code_flags_are_one_line_and_exit_2(capsys, argv, field):
     assert main(argv) == 2
@@ -290,3 +292,18 @@ def test_patched_decision_modules_are_private_copies_and_the_installed_ones_stay
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[:5] == ["False", "True", "True", "True", "True"], out.stdout
     assert "patched with fix.diff" in out.stdout
+
+
+def test_a_known_fix_named_on_the_command_line_is_the_file_for_the_installed_release():
+    import argparse
+
+    from harness.cli_vllm import add_vllm_flags, vllm_fields
+    from harness.vllm_code.fixes import fix_path
+    from harness.vllm_sut.available import installed_release
+
+    parser = argparse.ArgumentParser()
+    add_vllm_flags(parser)
+    args = parser.parse_args(["--sut", "vllm", "--vllm-fix", "last-region-start.diff"])
+    patches = vllm_fields(args)["vllm_patches"]
+    release = installed_release().value
+    assert patches == (read_patch(fix_path("last-region-start.diff", release)),)

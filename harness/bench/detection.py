@@ -20,7 +20,6 @@ import random
 import statistics
 import sys
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from harness.fuzz.engine import FUZZ_TIMEOUTS, SIM_DP_SIZES, Budget, fuzz
 from harness.fuzz.unsteered import REFERENCE, reference_fault_note, unsteered
@@ -48,7 +47,6 @@ VLLM_ROWS = (*VLLM_SHIPPED, *VLLM_SLIPS)
 # narrower query lengths, never replayed), under the installed release's directory where they
 # were rebased, else as written against 0.33.0; one written for a later release only is
 # applied there only.
-PATCHES = Path(__file__).resolve().parents[2] / "scenarios" / "vllm" / "patches"
 KNOWN_FIXES = ("pr55586-unwind.diff", "last-region-start.diff",
                "twin-threshold-by-query-len.diff", "verify-slices-by-device-layout.diff")
 # vLLM's execution keeps a process per rank, so on the sim world too it runs on a torchrun
@@ -150,12 +148,11 @@ def alone(variant: Variant, column: str, release: str) -> dict:
 def known_fixes(release: str) -> tuple:
     """KNOWN_FIXES as written against `release` ("0.34"), else against 0.33.0, where
     there is one."""
+    from harness.vllm_code.fixes import fix_path
     from harness.vllm_code.source import read_patch
 
-    rebased = PATCHES / ".".join(release.split(".")[:2])
-    found = [rebased / name if (rebased / name).is_file() else PATCHES / name
-             for name in KNOWN_FIXES]
-    return tuple(read_patch(path) for path in found if path.is_file())
+    found = [fix_path(name, release) for name in KNOWN_FIXES]
+    return tuple(read_patch(path) for path in found if path is not None)
 
 
 def warm_up(variant: Variant, fixed: dict | None = None) -> Scenario:
