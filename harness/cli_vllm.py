@@ -85,9 +85,12 @@ def _fixes(args: argparse.Namespace) -> list[str]:
 
 def _fix(name: str, release: str) -> str:
     """A known fix's file for the tested release, or one line naming the field."""
-    from harness.vllm_code.fixes import fix_names, fix_path
+    from harness.vllm_code.fixes import fix_names, fix_path, releases_fixed
 
     path = fix_path(name, release)
+    if path is None and releases_fixed(name):
+        raise ConfigError("vllm_fix", f"{name} fixes vLLM {', '.join(releases_fixed(name))}'s "
+                          f"code, not {release}'s")
     if path is None:
         raise ConfigError("vllm_fix", f"no fix {name!r} for vLLM {release} (known: "
                           f"{', '.join(fix_names())})")

@@ -4,7 +4,7 @@ written against 0.33.0, else none."""
 
 from __future__ import annotations
 
-from harness.vllm_code.fixes import PATCHES, fix_names, fix_path
+from harness.vllm_code.fixes import PATCHES, fix_names, fix_path, releases_fixed
 
 
 def test_a_fix_rebased_for_a_release_is_the_one_that_release_gets():
@@ -22,3 +22,9 @@ def test_a_fix_of_a_newer_releases_code_is_none_for_an_older_one():
     assert fix_path("verify-slices-by-device-layout.diff", "0.33") is None
     assert fix_path("no-such-fix.diff", "0.34") is None
     assert {"last-region-start.diff", "verify-slices-by-device-layout.diff"} <= set(fix_names())
+
+
+def test_a_fix_says_which_releases_it_is_written_for():
+    assert releases_fixed("verify-slices-by-device-layout.diff") == ["0.34"]
+    assert releases_fixed("last-region-start.diff") == ["0.33", "0.34"]
+    assert releases_fixed("no-such-fix.diff") == []

@@ -19,3 +19,10 @@ def fix_path(name: str, release: str) -> Path | None:
 def fix_names() -> list[str]:
     """Every fix the project keeps, for any release."""
     return sorted({p.name for p in PATCHES.rglob("*.diff")})
+
+
+def releases_fixed(name: str) -> list[str]:
+    """The releases the fix `name` is written for: "0.33" for the folder's own file, and each
+    release folder holding one."""
+    return sorted({"0.33" if p.parent == PATCHES else p.parent.name
+                   for p in PATCHES.rglob(name) if p.is_file()})
