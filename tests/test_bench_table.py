@@ -70,7 +70,8 @@ def test_the_rebuild_rows_follow_the_throughput_table_with_their_medians(monkeyp
     monkeypatch.setattr(bench, "sandbox_rows", lambda rounds: [RebuildRow(
         "sandboxed sim world: a runner forked after an abort", "gloo", (0.2,) * rounds)])
     assert main(["--detection-seeds", "0", "--dp4-examples", "0", "--rebuild-rounds", "3",
-                 "--staging-draws", "0", "--reach-seconds", "0"]) == 0
+                 "--staging-draws", "0", "--reach-seconds", "0", "--exec-examples", "0",
+                 "--schedule-examples", "0"]) == 0
     out = capsys.readouterr().out
     assert asked == [("gloo", 3)]
     assert "sandboxed sim world: a runner forked after an abort" in out
