@@ -10,10 +10,10 @@ from pathlib import Path
 
 from harness.config import HarnessConfig
 from harness.scenario import Scenario
+from harness.vllm_code.fixes import PATCHES, fix_path
 from harness.vllm_code.source import VllmPatch, read_patch
 from harness.vllm_sut.available import installed_release, vllm_version
 
-PATCHES = Path(__file__).resolve().parents[1] / "scenarios" / "vllm" / "patches"
 # dp_utils' guard `2 * min < G` and ubatching.py (#55586's hang and crash) are the same in both.
 SHIPS_THE_KNOWN_BUGS = ("0.33.0", "0.34.0")
 
@@ -24,9 +24,7 @@ def ships_the_known_bugs() -> bool:
 
 def release_patch(name: str) -> VllmPatch:
     """The patch `name` as written against the installed release (0.33.0's at the top)."""
-    minor = ".".join((vllm_version() or "").split(".")[:2])
-    rebased = PATCHES / minor / name
-    return read_patch(rebased if rebased.is_file() else PATCHES / name)
+    return read_patch(fix_path(name, vllm_version() or "") or PATCHES / name)  # none: says so
 
 
 def config_of(**flat) -> HarnessConfig:
