@@ -19,6 +19,7 @@ from harness.scenario import scenario_from_dict
 from harness.vllm_code.identity import git_commit
 from harness.vllm_code.patch import MAX_OFFSET, PatchError, apply_file_patch, parse_diff
 from harness.vllm_code.source import VllmPatch, content_hash, patched_files, read_patch
+from harness.vllm_sut.available import unavailable_reason, vllm_version
 
 ROOT = Path(__file__).resolve().parents[1]
 PATCHES = ROOT / "scenarios" / "vllm" / "patches"
@@ -220,7 +221,6 @@ def test_differential_against_base_needs_patched_code():
     (["decide", "--tokens", "2,4", "--sut", "vllm", "--vllm-src", "/nonexistent"],
      "vllm_src: /nonexistent is not a directory"),
     (["matrix", "--ks", "1"], "ks: holds 1"),
-    (["fuzz", "--sut", "vllm", "--vllm-fix", "nope.diff"], "vllm_fix: no fix 'nope.diff' for"),
     (["fuzz", "--vllm-fix", "last-region-start.diff"], "vllm_fix: names vLLM code"),
 ])
 def test_bad_vllm_code_flags_are_one_line_and_exit_2(capsys, argv, field):
@@ -294,6 +294,18 @@ def test_patched_decision_modules_are_private_copies_and_the_installed_ones_stay
     assert "patched with fix.diff" in out.stdout
 
 
+# A fix's name resolves against the release of the vLLM it fixes: these need one installed.
+needs_vllm = pytest.mark.skipif(vllm_version() is None, reason=unavailable_reason())
+
+
+@needs_vllm
+def test_an_unknown_fix_name_is_one_line_naming_vllm_fix_and_exit_2(capsys):
+    assert main(["fuzz", "--sut", "vllm", "--vllm-fix", "nope.diff"]) == 2
+    err = capsys.readouterr().err
+    assert "vllm_fix: no fix 'nope.diff' for" in err and err.count("\n") == 1, err
+
+
+@needs_vllm
 def test_a_known_fix_named_on_the_command_line_is_the_file_for_the_installed_release():
     import argparse
 
