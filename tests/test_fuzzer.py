@@ -18,7 +18,8 @@ from harness.check.judge import judge
 from harness.cli import EXIT_BAD_INPUT, EXIT_FOUND, main
 from harness.config import HarnessConfig
 from harness.faults import Fault, FaultKind
-from harness.fuzz.engine import FUZZ_TIMEOUTS, Budget, first_failure, fuzz, scenario_strategy
+from harness.fuzz.engine import FUZZ_TIMEOUTS, Budget, fuzz, scenario_strategy
+from harness.fuzz.example_verdict import first_failure
 from harness.fuzz.reduce import reduce_scenario, simpler_scenarios
 from harness.fuzz.run_log import ExampleEntry, FindingEntry, read_log
 from harness.fuzz.variants import variant_named

@@ -15,7 +15,8 @@ from harness.check.judge import ScenarioResult, StepResult
 from harness.check.verdict import Outcome, Verdict
 from harness.config import HarnessConfig
 from harness.faults import Fault, FaultKind
-from harness.fuzz.engine import FUZZ_TIMEOUTS, Budget, first_failure
+from harness.fuzz.engine import FUZZ_TIMEOUTS, Budget
+from harness.fuzz.example_verdict import first_failure
 from harness.fuzz.known_verdicts import KnownVerdicts, stopped_after
 from harness.fuzz.variants import VARIANTS
 from harness.reference_plans import judge_run
@@ -53,6 +54,16 @@ def test_a_run_that_stopped_at_a_failed_step_stands_for_scenarios_sharing_what_r
     assert known.verdict_of(OTHER_FIRST) is None
     other_config = replace(CONFIG, serving=replace(CONFIG.serving, max_num_reqs=32))
     assert known.verdict_of(Scenario(other_config, (SPLIT, SMALL), FAULT)) is None
+
+
+def test_a_forgotten_run_stands_for_nothing_it_stood_for():
+    # The search forgets a failure its reruns did not reproduce (a bound that ran out once).
+    known = KnownVerdicts()
+    known.add(STOPPED, _hung(STOPPED), first_failure(_hung(STOPPED)))
+    known.add(OTHER_FIRST, _hung(OTHER_FIRST), first_failure(_hung(OTHER_FIRST)))
+    known.forget(STOPPED)
+    assert known.verdict_of(REDRAWN) is None
+    assert known.verdict_of(OTHER_FIRST) is not None  # only what the forgotten run kept
 
 
 def test_a_run_that_did_not_stop_at_a_failure_is_not_kept(world):

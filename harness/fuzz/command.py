@@ -282,8 +282,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
                               force=args.progress)
             try:
                 outcome = fuzz(variant, pool.run, world=args.world, dp_sizes=dp_sizes,
-                               fixed=fixed, budget=budget, profile=profile,
-                               database=database,
+                               fixed=fixed, budget=budget, profile=profile, database=database,
                                log_path=args.log, scenario_dir=args.found_dir,
                                seed=args.hypothesis_seed, progress=bar.update,
                                hunt=variant.hunt, schedules=schedules,
@@ -345,6 +344,8 @@ def _print_outcome(outcome: FuzzOutcome, variant: Variant, as_json: bool,
               f"({outcome.note})")
     else:
         _print_finding(head, outcome, variant)
+    if outcome.set_aside:
+        print(f"  {len(outcome.set_aside)} one-off failure(s), a bound running out: set aside")
     if outcome.unconfirmed:
         print(f"  {len(outcome.unconfirmed)} shrunk candidate(s) failed once and passed "
               "their rerun: the smallest that failed twice is reported (see the log)")

@@ -25,19 +25,14 @@ from hypothesis.database import ExampleDatabase
 from hypothesis.errors import Flaky, Unsatisfiable
 
 from harness.check.coverage import CoverageTally
-from harness.check.judge import ScenarioResult
 from harness.errors import HarnessCannot
 from harness.fuzz import profiles  # noqa: F401 - registers the profiles by name
-from harness.fuzz.database import (
-    KeyedDatabase,
-    SharedFailures,
-    StoppableDatabase,
-    open_database,
-)
+from harness.fuzz.database import KeyedDatabase, SharedFailures, StoppableDatabase, open_database
+from harness.fuzz.example_verdict import first_failure
 from harness.fuzz.known_verdicts import KnownVerdicts
 from harness.fuzz.profiles import reproduce_blob
 from harness.fuzz.reduce import reduce_structure, reduce_tokens
-from harness.fuzz.result import NOT_SHRUNK, ExampleVerdict, FuzzOutcome
+from harness.fuzz.result import NOT_SHRUNK, ExampleVerdict, FuzzOutcome, SetAside
 from harness.fuzz.run_log import Intermittency, append, example_entry
 from harness.fuzz.schedules import ScheduleSpace, keyed_fields, scheduled
 from harness.fuzz.signals import (
@@ -81,18 +76,6 @@ class Budget:
         return self.examples if self.examples is not None else 1_000_000
 
 
-def first_failure(result: ScenarioResult, preferred: tuple[str, ...] = (),
-                  only: tuple[str, ...] | None = None) -> ExampleVerdict:
-    """The failing checker to report: one the variant is known by, else the earliest.
-    With `only`, failures of other checkers do not count (a hunt for one class)."""
-    failed = [v for _, v in result.failed_verdicts() if only is None or v.checker in only]
-    if not failed:
-        return ExampleVerdict(True)
-    by_name = {v.checker: v for v in reversed(failed)}
-    chosen = next((by_name[c] for c in preferred if c in by_name), failed[0])
-    return ExampleVerdict(False, chosen.checker, chosen.detail)
-
-
 def replay_command(path: str, world: str, world_flags: str = "") -> str:
     command = f"python -m harness run --scenario {shlex.quote(path)} --world {world}"
     return f"{command} {world_flags}".rstrip()
@@ -128,6 +111,7 @@ class _Search:
     replayed: int = 0
     tally: CoverageTally = field(default_factory=CoverageTally)  # every verdict judged
     known: KnownVerdicts = field(default_factory=KnownVerdicts)  # verdicts no run is needed for
+    set_aside: list[SetAside] = field(default_factory=list)
 
     def begin_run(self) -> None:
         """A Hypothesis run starts: its reuse phase replays what is saved now."""
@@ -156,6 +140,8 @@ class _Search:
         detected = not verdict.ok and self.found_at is None
         if detected:
             verdict = self._rerun(scenario, verdict)
+            if self._sets_aside(scenario, verdict):
+                verdict, detected = ExampleVerdict(True), False
         elif not verdict.ok:
             self.believed.append(scenario)  # a shrink step: rerun once, at the end
         self.results[key] = verdict
@@ -183,6 +169,18 @@ class _Search:
             failed += not self._judge(scenario).ok
             runs += 1
         return replace(verdict, intermittency=Intermittency(failed, runs))
+
+    def _sets_aside(self, scenario: Scenario, verdict: ExampleVerdict) -> bool:
+        """A failure that its reruns never reproduced and that was only a bound running out
+        (a loaded machine, most likely) does not end the search; kept as the finding in
+        case nothing that reproduces is found (harness/fuzz/example_verdict.py)."""
+        runs = verdict.intermittency
+        if not (verdict.timed_out and runs is not None and runs.failed == 1):
+            return False
+        self.set_aside.append(SetAside(scenario, verdict, self.examples, self.elapsed(),
+                                       "replay" if self.calls <= self.saved_at_start else "search"))
+        self.known.forget(scenario)  # its first run's verdict stands for no redraw
+        return True
 
     def _stop(self, signal: BaseException) -> NoReturn:
         if self.database is not None:
@@ -289,6 +287,12 @@ def fuzz(variant: Variant, run: Callable[[Scenario], ScenarioHistory], *, world:
     strategy = scheduled(scenario_strategy(variant, fixed, dp_sizes), schedules)
     probe = _hypothesis_test(search, strategy, profile, db, seed)
     failure, note = _run_until_settled(probe, search)
+    if failure is None and search.set_aside:
+        first = search.set_aside[0]
+        search.found_at, search.found_by = (first.examples, first.seconds), first.found_by
+        why = f"{note or 'examples exhausted'} with nothing that reproduces; {NOT_SHRUNK}"
+        return _found(search, first.scenario, first.verdict, None, why, Path(scenario_dir),
+                      world_flags)
     if failure is None:
         return FuzzOutcome(variant.name, world, False, None, "", None, search.examples,
                            search.elapsed(), None, None, None, None,
@@ -323,7 +327,8 @@ def _found(search: _Search, scenario: Scenario, verdict: ExampleVerdict, blob: s
                           found_examples, found_seconds,
                           replay_command(str(path), search.world, world_flags), blob, note,
                           tuple(search.unconfirmed), search.replayed, search.found_by,
-                          search.restarts, runs, search.tally.coverage())
+                          search.restarts, runs, search.tally.coverage(),
+                          tuple(entry.scenario for entry in search.set_aside))
     if search.log_path is not None:
         append(search.log_path, outcome.finding_entry(search.run_id))
     return outcome

@@ -58,6 +58,12 @@ class KnownVerdicts:
         if failed_outside_hunt(result, verdict):
             self._outside[_key(scenario, 0)] = verdict
 
+    def forget(self, scenario: Scenario) -> None:
+        """Keep nothing `scenario`'s runs left: its failure did not reproduce."""
+        for ran in self._lengths:
+            self._stopped.pop(_key(scenario, ran), None)
+        self._outside.pop(_key(scenario, 0), None)
+
     def verdict_of(self, scenario: Scenario) -> ExampleVerdict | None:
         """The verdict a kept run stands for, if any."""
         known = self._outside.get(_key(scenario, 0))

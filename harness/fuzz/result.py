@@ -1,7 +1,8 @@
 """What a search reports: the verdict of one example, and the outcome of a whole search.
 
 A failure is believed once it fails again. One that passes its rerun is an intermittent
-finding (a race or a hang that shows on some runs only), reported with how often it failed.
+finding (a race or a hang that shows on some runs only), reported with how often it failed;
+one that failed once only by a bound running out is set aside while the search goes on.
 """
 
 from __future__ import annotations
@@ -25,6 +26,18 @@ class ExampleVerdict:
     checker: str | None = None
     detail: str = ""
     intermittency: Intermittency | None = None  # set when a failure passed on its rerun
+    timed_out: bool = False  # the failure is only bounds running out (fuzz/example_verdict.py)
+
+
+@dataclass(frozen=True)
+class SetAside:
+    """A failure the search went on past, and where it stood when it was found."""
+
+    scenario: Scenario
+    verdict: ExampleVerdict
+    examples: int
+    seconds: float
+    found_by: str
 
 
 @dataclass(frozen=True)
@@ -50,6 +63,8 @@ class FuzzOutcome:
     intermittency: Intermittency | None = None  # the finding failed on some runs only
     # Per checker, the verdicts of every example the search judged (reruns and shrinking too).
     coverage: tuple[CheckerCoverage, ...] = ()
+    # One-off failures that were only a bound running out: the search went on past them.
+    set_aside: tuple[Scenario, ...] = ()
 
     @property
     def kind(self) -> str | None:
@@ -81,4 +96,5 @@ class FuzzOutcome:
                 "note": self.note, "unconfirmed": [s.to_dict() for s in self.unconfirmed],
                 "replayed": self.replayed, "found_by": self.found_by,
                 "restarts": self.restarts,
+                "set_aside": [s.to_dict() for s in self.set_aside],
                 "coverage": [c.to_dict() for c in self.coverage]}
