@@ -24,6 +24,7 @@ from harness.faults import FaultKind
 from harness.history.records import StartupRecord, StepRecord
 from harness.history.scenario_history import ScenarioHistory, step_failed, steps_may_run
 from harness.runtime.intra_op import one_intra_op_thread
+from harness.runtime.settling_groups import SETTLING
 from harness.scenario import Scenario
 from harness.sut import systems
 from harness.sut.rank_runtime import RankRuntime
@@ -37,6 +38,7 @@ from harness.world.vllm_slots import register_vllm_code
 
 # Captured graph sets kept per world; the fuzzer's config space is small on purpose.
 MAX_CACHED_CONFIGS = 32
+QUIET_MARGIN_S = 1.0  # past the last bound a failed step's waits run under
 
 
 def refuse_threads_for_vllm_execution(config: HarnessConfig) -> None:
@@ -126,8 +128,8 @@ class SimWorld:
                 # Tearing down gloo groups a failed step left mid-collective can block in
                 # ~ProcessGroupGloo; the sandbox ends this process instead (a fork is cheap).
                 self.retired = True
-            else:
-                self._discard()
+            else:  # the groups are kept until the step's waits have all ended
+                self._discard(self.timeouts.hang_s + self.timeouts.collective_s + QUIET_MARGIN_S)
         return ScenarioHistory(scenario, self.timeouts, tuple(startup), tuple(steps))
 
     def close(self) -> list[int]:
@@ -166,9 +168,12 @@ class SimWorld:
         return (None if self.trace_dir is None
                 else str(TraceLayout(self.trace_dir).collectives(rank)))
 
-    def _discard(self) -> None:
+    def _discard(self, settle_s: float = 0.0) -> None:
+        """Drop the runtimes and the thread world; its groups go to SETTLING for `settle_s`
+        (harness/runtime/settling_groups.py)."""
         self._runtimes.clear()
         if self._threads is not None:
+            SETTLING.hold(self._threads.groups, settle_s)
             self._threads.close()
             self._threads = None
 
