@@ -51,18 +51,20 @@ def vllm_fields(args: argparse.Namespace, sut: str | None = None,
     sut = sut or _sut(args)
     differential = getattr(args, "differential_against", None) == "base"
     executes = getattr(args, "execution", "harness") == "vllm"
+    fixes = _fixes(args)
     if sut != "vllm" and not executes:
-        given = ("vllm_patch" if args.vllm_patch else "vllm_fix" if _fixes(args)
+        given = ("vllm_patch" if args.vllm_patch else "vllm_fix" if fixes
                  else "vllm_src" if args.vllm_src
                  else "differential_against" if differential else None)
         if given:
             raise ConfigError(given, "names vLLM code; it needs --sut vllm or --exec vllm")
         return {}
-    if _fixes(args):  # named for the release of the tree they fix, checked first
+    release = None
+    if fixes:  # named for the release of the tree they fix: that tree is checked first
         check_vllm_code(args.vllm_src, ())
-    release = release_of(args.vllm_src).value if _fixes(args) else None
+        release = release_of(args.vllm_src).value
     patches = tuple(read_patch(path) for path in
-                    [*(_fix(name, release) for name in _fixes(args)), *args.vllm_patch])
+                    [*(_fix(name, release) for name in fixes), *args.vllm_patch])
     names = [p.name for p in patches]
     twice = next((n for n in names if names.count(n) > 1), None)
     if twice is not None:
