@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import selectors
 import signal
 import socket
@@ -97,8 +98,8 @@ def test_a_size_mismatched_all_to_all_aborts_and_names_every_rank_with_its_call(
     assert not errors.ok
     # The idle rank's buffers hold 2 rows a peer, its peer's (5 real tokens) 10: the real
     # system aborts in the dispatch, and each rank's call says with what it went in.
-    assert errors.detail.startswith("rank 0: RankCrashed: died of a fatal signal (SIGABRT: "
-                                    "Aborted)"), errors.detail
+    assert re.match(r"rank 0: RankCrashed: died of a fatal signal \((SIGABRT|SIGSEGV)",
+                    errors.detail), errors.detail
     assert ("each rank's last collective: rank 0 all_to_all [6, 19] float64; rank 1 "
             "all_to_all [22, 19] float64") in errors.detail
     assert "which rank's call tripped it is not known" in errors.detail
@@ -191,7 +192,10 @@ def test_the_fuzzer_finds_the_size_mismatched_all_to_all_shrinks_it_and_exits_1(
     out = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert code == EXIT_FOUND, out
     assert out["checker"] == "errors" and "RankCrashed" in out["detail"], out["detail"]
-    assert "SIGABRT" in out["detail"]
+    # gloo's failed check aborts the runner; now and then the abort races another thread
+    # into a segfault: either is the system's own crash, and gloo's message names the cause.
+    assert re.search(r"fatal signal \((SIGABRT|SIGSEGV)", out["detail"]), out["detail"]
+    assert "Received data size doesn't match" in out["detail"]
     assert len(out["scenario"]["steps"]) == 1
     assert out["scenario"]["expect"]["reference"] == {"a2a_buffers": "max-tokens"}
     replayed = load_scenario(out["replay"].split("--scenario ")[1].split(" ")[0])
