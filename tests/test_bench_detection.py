@@ -6,6 +6,7 @@ the fuzz is stood in for."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -67,6 +68,7 @@ def fake_search(monkeypatch):
         pool = run.__self__
         searches.append({"variant": variant, "pool": pool, "warmed": len(pool.ran), **kwargs})
         checker = OTHER_CHECKER.get(kwargs["seed"], variant.caught_by[0])
+        (Path(kwargs["scenario_dir"]) / "found.json").write_text("{}")  # as a finding is
         return SimpleNamespace(found=True, checker=checker, seconds_to_detection=2.0,
                                examples_to_detection=3)
 
@@ -213,6 +215,12 @@ def test_a_seed_that_found_the_bug_as_another_checker_is_a_miss_named_in_the_row
     print_detection(rows)
     line = next(line for line in capsys.readouterr().out.splitlines() if "guard-merged" in line)
     assert "1/2" in line and "found as graphs_reachable" in line and "NO" in line
+
+
+def test_each_seeds_finding_folder_is_removed_after_its_search(fake_search):
+    detection_rows("sim", [7, 8], 5.0, names=("guard-merged",))
+    folders = [Path(search["scenario_dir"]) for search in fake_search]
+    assert len(set(folders)) == 2 and not any(folder.exists() for folder in folders)
 
 
 def test_the_reference_column_hunts_each_bug_unsteered_beside_its_steered_search(fake_search):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import random
 import statistics
 import sys
+import tempfile
 from dataclasses import dataclass, replace
 
 from harness.fuzz.engine import FUZZ_TIMEOUTS, SIM_DP_SIZES, Budget, fuzz
@@ -171,10 +172,12 @@ def _row(world: str, variant: Variant, pool: WorldPool, dp_sizes: tuple[int, ...
     for seed in seeds:
         if warm is not None:  # off the clock: the world each seed starts from is ready
             pool.run(warm)
-        # Detection only: no shrinking, so every seed costs at most the budget.
-        outcome = fuzz(hunted, pool.run, world=world, dp_sizes=dp_sizes,
-                       budget=Budget(seconds=budget_s, shrink_seconds=0.0), database=None,
-                       seed=seed, scenario_dir=_scratch(), hunt=hunted.hunt, fixed=fixed)
+        # Detection only: no shrinking, so every seed costs at most the budget. The finding's
+        # file is not read here: its folder goes with the seed.
+        with tempfile.TemporaryDirectory(prefix="dbo-bench-found-") as scratch:
+            outcome = fuzz(hunted, pool.run, world=world, dp_sizes=dp_sizes,
+                           budget=Budget(seconds=budget_s, shrink_seconds=0.0), database=None,
+                           seed=seed, scenario_dir=scratch, hunt=hunted.hunt, fixed=fixed)
         shown = detection(hunted.caught_by, outcome.found, outcome.checker)
         itself = shown == FOUND
         seconds.append(outcome.seconds_to_detection if itself else None)
@@ -193,12 +196,6 @@ def _progress(world: str, name: str, column: str, seed: int, shown: str,
     took = "" if seconds is None else f" in {seconds:.1f} s, {examples} examples"
     print(f"detection {world} {name} ({column}) seed {seed}: {shown}{took}", file=sys.stderr,
           flush=True)
-
-
-def _scratch() -> str:
-    import tempfile
-
-    return tempfile.mkdtemp(prefix="dbo-bench-found-")
 
 
 def random_seeds(count: int) -> list[int]:

@@ -15,7 +15,9 @@ the command. The driver starts its own node's agent through this command too.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -55,7 +57,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=["gloo"], default="gloo")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--trace-dir", help="where its ranks leave stacks and traces (default: "
-                   "a new temporary directory)")
+                   "a new temporary directory, removed when the node exits)")
     p.add_argument("--driver-pid", type=int, help="the driver, when it runs on this host")
     p.add_argument("--driver-silence", type=float, default=SILENCE_S, metavar="S",
                    help=f"stop the agent when the driver's beat stands still this long "
@@ -88,6 +90,8 @@ def main(argv: list[str]) -> int:
               f"{bound:.0f} s (the node that hosts it never started)", file=sys.stderr)
         return 3
     trace_dir = args.trace_dir or tempfile.mkdtemp(prefix=f"dbo-node{args.node_rank}-")
+    if args.trace_dir is None:  # the driver reads the ranks' stacks while the world lives
+        atexit.register(shutil.rmtree, trace_dir, ignore_errors=True)
     worker_args = ["--trace-dir", trace_dir, "--backend", args.backend, "--device", args.device,
                    "--collective-timeout", str(args.collective_timeout)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=package_pythonpath(),
