@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
+from harness.runtime.arg_tree import ArgSpec, flatten, leaves_of, unflatten
 from harness.runtime.comm import CollectiveTimeout
 
 # Ops that only allocate: their contents are undefined, so replay neither runs nor copies them
@@ -80,7 +80,7 @@ class RecordedOp:
     """An op issued on a capturing stream: what ran, on what memory, from where."""
 
     op: torch._ops.OpOverload
-    arg_spec: TreeSpec
+    arg_spec: ArgSpec
     arg_leaves: tuple[Any, ...]  # TensorSlot for tensors, the value itself otherwise
     result_leaves: tuple[Any, ...]  # TensorSlot for tensors, None otherwise
     stream: str
@@ -97,7 +97,7 @@ class RecordedOp:
     def collective(self) -> CollectiveCall | None:
         if not self.is_collective:
             return None
-        bound = _bind(self.op, tree_unflatten(list(self.arg_leaves), self.arg_spec))
+        bound = _bind(self.op, unflatten(self.arg_leaves, self.arg_spec))
         slots = [leaf for leaf in self.arg_leaves if isinstance(leaf, TensorSlot)]
 
         def splits(name: str) -> tuple[int, ...] | None:
@@ -126,8 +126,8 @@ class RecordedOp:
         op, spec, leaves = self.op, self.arg_spec, self.arg_leaves
 
         def build_args():
-            return tree_unflatten([leaf.view() if isinstance(leaf, TensorSlot) else leaf
-                                   for leaf in leaves], spec)
+            return unflatten([leaf.view() if isinstance(leaf, TensorSlot) else leaf
+                              for leaf in leaves], spec)
 
         rebuild = op._opname in METADATA_MUTATING_OPS
         args, kwargs = build_args()
@@ -142,7 +142,7 @@ class RecordedOp:
             if collective:
                 out_leaves = _run_collective(op, args, kwargs, collective_timeout_s)
             else:
-                out_leaves, _ = tree_flatten(op(*args, **kwargs))
+                out_leaves = leaves_of(op(*args, **kwargs))
             for leaf, target in zip(out_leaves, targets, strict=True):
                 if target is not None and leaf.untyped_storage().data_ptr() != \
                         target.untyped_storage().data_ptr():
@@ -151,17 +151,17 @@ class RecordedOp:
         return run
 
 
-def record_op(op: torch._ops.OpOverload, arg_slots: tuple[Any, ...], arg_spec: TreeSpec,
+def record_op(op: torch._ops.OpOverload, arg_slots: tuple[Any, ...], arg_spec: ArgSpec,
               results: Any, stream: str, thread: str) -> RecordedOp:
     """The record of an op that ran; `arg_slots` were taken before it ran (see module doc)."""
-    out_leaves, _ = tree_flatten(results)
+    out_leaves = leaves_of(results)
     result_slots = tuple(TensorSlot.of(x) if isinstance(x, torch.Tensor) else None
                          for x in out_leaves)
     return RecordedOp(op, arg_spec, arg_slots, result_slots, stream, thread)
 
 
-def snapshot_args(args: tuple, kwargs: dict) -> tuple[tuple[Any, ...], TreeSpec]:
-    leaves, spec = tree_flatten((args, kwargs))
+def snapshot_args(args: tuple, kwargs: dict) -> tuple[tuple[Any, ...], ArgSpec]:
+    leaves, spec = flatten((args, kwargs))
     return tuple(TensorSlot.of(x) if isinstance(x, torch.Tensor) else x for x in leaves), spec
 
 
@@ -175,7 +175,7 @@ def _run_collective(op, args, kwargs, timeout_s: float | None) -> list[Any]:
     """A replayed collective, waited (it writes its outputs asynchronously); a peer that
     never comes or went away fails it as a CollectiveTimeout, as an eager one would."""
     try:
-        out_leaves, _ = tree_flatten(op(*args, **kwargs))
+        out_leaves = leaves_of(op(*args, **kwargs))
         for leaf in out_leaves:
             _wait_if_work(leaf, timeout_s)
     except RuntimeError as exc:

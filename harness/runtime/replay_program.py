@@ -17,8 +17,8 @@ from functools import cache
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_unflatten
 
+from harness.runtime.arg_tree import unflatten
 from harness.runtime.op_record import (
     ALLOCATION_ONLY_OPS,
     METADATA_MUTATING_OPS,
@@ -94,8 +94,8 @@ def compile_op(recorded: RecordedOp, collective_timeout_s: float | None) -> Step
         # Waited collectives, ops that rebuild their arguments, odd result shapes: the
         # general per-op replay.
         return recorded.compile(collective_timeout_s), (), {}, None
-    args, kwargs = tree_unflatten([leaf.view() if isinstance(leaf, TensorSlot) else leaf
-                                   for leaf in recorded.arg_leaves], recorded.arg_spec)
+    args, kwargs = unflatten([leaf.view() if isinstance(leaf, TensorSlot) else leaf
+                              for leaf in recorded.arg_leaves], recorded.arg_spec)
     storages = _arg_storages(recorded)
     # Whether a result aliased an argument is a property of the op on these shapes: as at
     # capture, an in-place result is left where it is and a fresh one is copied back.
