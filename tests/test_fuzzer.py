@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, reproduce_failure, settings
 from hypothesis import strategies as st
 
 import harness.fuzz.engine as engine
+import harness.fuzz.search_state as search_state
 from harness.batch import RankBatch
 from harness.check.coverage import coverage_of
 from harness.check.judge import judge
@@ -210,7 +211,7 @@ def test_each_shrinker_stops_after_its_shrink_examples_world_runs(tmp_path, monk
                                          shrink_seconds=600))
     assert counts["hypothesis"] == shrink_examples, counts
     assert 1 <= counts["tokens"] <= shrink_examples, counts
-    assert counts["confirm"] <= 2 * engine.CONFIRM_TRIES, counts
+    assert counts["confirm"] <= 2 * search_state.CONFIRM_TRIES, counts
     assert outcome.checker in variant_named("guard-merged").caught_by
 
 

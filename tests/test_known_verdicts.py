@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-import harness.fuzz.engine as engine
+import harness.fuzz.search_state as search_state
 from harness.batch import RankBatch
 from harness.check.judge import ScenarioResult, StepResult
 from harness.check.verdict import Outcome, Verdict
@@ -110,14 +110,15 @@ def test_the_search_runs_neither_a_redraw_of_unrun_steps_nor_a_fault_its_hunt_le
         ran.append(scenario)
         return world.run(scenario)
 
-    search = engine._Search(run, VARIANTS["reference"], "sim", Budget(seconds=None), None, None)
+    search = search_state.Search(run, VARIANTS["reference"], "sim", Budget(seconds=None),
+                                 None, None)
     first = search.verdict(STOPPED)
     assert search.verdict(REDRAWN) == first and ran == [STOPPED]
     search.verdict(OTHER_FIRST)  # the reference contains the fault: nothing failed
     assert len(ran) == 2 and search.examples == 2
     # A hunt for crashes, where every faulted run hangs.
-    monkeypatch.setattr(engine, "judge_run", lambda history: _hung(history.scenario))
-    hunt = engine._Search(run, VARIANTS["reference"], "sim", Budget(seconds=None), None, None,
-                          hunt=("errors",))
+    monkeypatch.setattr(search_state, "judge_run", lambda history: _hung(history.scenario))
+    hunt = search_state.Search(run, VARIANTS["reference"], "sim", Budget(seconds=None), None,
+                               None, hunt=("errors",))
     assert hunt.verdict(STOPPED).ok and hunt.verdict(OTHER_FIRST).ok
     assert hunt.examples == 1 and hunt.known.reused == 1

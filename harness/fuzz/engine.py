@@ -9,14 +9,13 @@ budget, and shrinking stops after its own bounds, keeping the smallest failure s
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import shlex
-import time
-import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings, target
 from hypothesis import seed as hypothesis_seed
@@ -24,17 +23,14 @@ from hypothesis import strategies as st
 from hypothesis.database import ExampleDatabase
 from hypothesis.errors import Flaky, Unsatisfiable
 
-from harness.check.coverage import CoverageTally
-from harness.errors import HarnessCannot
 from harness.fuzz import profiles  # noqa: F401 - registers the profiles by name
 from harness.fuzz.database import KeyedDatabase, SharedFailures, StoppableDatabase, open_database
-from harness.fuzz.example_verdict import first_failure
-from harness.fuzz.known_verdicts import KnownVerdicts
 from harness.fuzz.profiles import reproduce_blob
 from harness.fuzz.reduce import reduce_structure, reduce_tokens
-from harness.fuzz.result import NOT_SHRUNK, ExampleVerdict, FuzzOutcome, SetAside
-from harness.fuzz.run_log import Intermittency, append, example_entry
+from harness.fuzz.result import NOT_SHRUNK, ExampleVerdict, FuzzOutcome
+from harness.fuzz.run_log import append
 from harness.fuzz.schedules import ScheduleSpace, keyed_fields, scheduled
+from harness.fuzz.search_state import Budget, Search
 from harness.fuzz.signals import (
     _BudgetSpent,
     _Cannot,
@@ -47,203 +43,18 @@ from harness.fuzz.variants import Variant
 from harness.gen.aim import steering
 from harness.gen.strategies import fuzz_configs, scenarios
 from harness.history.scenario_history import ScenarioHistory
-from harness.reference_plans import judge_run
 from harness.scenario import Scenario
 from harness.timeouts import Timeouts
 
 # Short bounds: a hang is found in seconds, and a failing example costs little to shrink.
-# A failure is only believed once it reproduces on a second run: the first one at once, the
-# shrunk one at the end (see _Search.verdict and _Search.confirmed). A first failure that
-# passes its rerun is run INTERMITTENT_RERUNS more times and reported as intermittent.
 FUZZ_TIMEOUTS = Timeouts(collective_s=1.0, hang_s=1.5, step_deadline_s=3.0)
 SIM_DP_SIZES = (2, 3, 4)
 MAX_STEPS = 4  # steps per scenario: each config's capture serves several token vectors
-CONFIRM_TRIES = 3  # shrunk failures rerun, newest first, before falling back to the first
-INTERMITTENT_RERUNS = 3  # more runs of a failure that passed its rerun: how often it fails
-
-
-@dataclass(frozen=True)
-class Budget:
-    examples: int | None = None  # world runs at most (None: no bound)
-    seconds: float | None = 60.0  # wall-clock search time (None: no bound)
-    # Each shrinker (Hypothesis's, then the token pass) stops at the first of these, keeping the
-    # smallest failure so far: world runs give one result on any machine, seconds bound a slow one.
-    shrink_seconds: float = 30.0
-    shrink_examples: int | None = None  # world runs per shrinker (None: no bound)
-
-    @property
-    def max_examples(self) -> int:
-        return self.examples if self.examples is not None else 1_000_000
 
 
 def replay_command(path: str, world: str, world_flags: str = "") -> str:
     command = f"python -m harness run --scenario {shlex.quote(path)} --world {world}"
     return f"{command} {world_flags}".rstrip()
-
-
-@dataclass
-class _Search:
-    """The mutable state of one search, seen by the Hypothesis test body."""
-
-    run: Callable[[Scenario], ScenarioHistory]
-    variant: Variant
-    world: str
-    budget: Budget
-    log_path: Path | None
-    progress: Callable[[int, float, bool], None] | None
-    hunt: tuple[str, ...] | None = None  # only these checkers' failures count
-    shared: SharedFailures | None = None
-    database: StoppableDatabase | None = None
-    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
-    start: float = field(default_factory=time.monotonic)
-    examples: int = 0
-    found_at: tuple[int, float] | None = None
-    shrink_from: tuple[int, float] | None = None  # examples and seconds as this shrinker began
-    results: dict[str, ExampleVerdict] = field(default_factory=dict)
-    last_failing: Scenario | None = None
-    unconfirmed: list[Scenario] = field(default_factory=list)  # failed once, passed a rerun
-    first_failing: Scenario | None = None  # the detection, rerun at once
-    believed: list[Scenario] = field(default_factory=list)  # shrink steps, not rerun yet
-    saved_at_start: int = 0  # saved failures the current Hypothesis run replays first
-    calls: int = 0  # test-body calls in the current Hypothesis run
-    found_by: str | None = None
-    restarts: int = 0
-    replayed: int = 0
-    tally: CoverageTally = field(default_factory=CoverageTally)  # every verdict judged
-    known: KnownVerdicts = field(default_factory=KnownVerdicts)  # verdicts no run is needed for
-    set_aside: list[SetAside] = field(default_factory=list)
-
-    def begin_run(self) -> None:
-        """A Hypothesis run starts: its reuse phase replays what is saved now."""
-        self.calls = 0
-        if self.database is not None:
-            self.database.muted = False
-        self.saved_at_start = self.shared.look() if self.shared is not None else 0
-        self.replayed += self.saved_at_start
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.start
-
-    def verdict(self, scenario: Scenario, shrink_bounded: bool = True) -> ExampleVerdict | None:
-        key = json.dumps(scenario.to_dict(), sort_keys=True)
-        known = self.results.get(key) or self.known.verdict_of(scenario)
-        if known is not None:
-            return known
-        if self.found_at is None and self._spent():
-            self._stop(_BudgetSpent())
-        if self.found_at is None and self.shared is not None and self.shared.arrived():
-            self._stop(_SharedFailure())
-        if shrink_bounded and self.shrink_from is not None and self._shrink_spent(
-                *self.shrink_from):
-            return None  # shrinking is over: an unseen candidate counts as no smaller failure
-        verdict = self._judge(scenario)
-        detected = not verdict.ok and self.found_at is None
-        if detected:
-            verdict = self._rerun(scenario, verdict)
-            if self._sets_aside(scenario, verdict):
-                verdict, detected = ExampleVerdict(True), False
-        elif not verdict.ok:
-            self.believed.append(scenario)  # a shrink step: rerun once, at the end
-        self.results[key] = verdict
-        if detected:
-            self.first_failing = scenario
-            self.found_at = self.shrink_from = (self.examples, self.elapsed())
-            # The reuse phase runs the saved failures before the search draws anything.
-            self.found_by = "replay" if self.calls <= self.saved_at_start else "search"
-        if self.progress is not None:
-            self.progress(self.examples, self.elapsed(), self.found_at is not None)
-        if detected and verdict.intermittency is not None:
-            self._stop(_Intermittent(scenario, verdict))
-        return verdict
-
-    def _rerun(self, scenario: Scenario, verdict: ExampleVerdict) -> ExampleVerdict:
-        """The first failure, rerun at once. One that passes is no less a finding: in a
-        harness that hunts races and hangs it is the likeliest real one. It is run a few
-        more times (within the budget) to say how often it fails."""
-        if not self._judge(scenario).ok:
-            return verdict
-        failed, runs = 1, 2
-        for _ in range(INTERMITTENT_RERUNS):
-            if self._spent():
-                break
-            failed += not self._judge(scenario).ok
-            runs += 1
-        return replace(verdict, intermittency=Intermittency(failed, runs))
-
-    def _sets_aside(self, scenario: Scenario, verdict: ExampleVerdict) -> bool:
-        """A failure that its reruns never reproduced and that was only a bound running out
-        (a loaded machine, most likely) does not end the search; kept as the finding in
-        case nothing that reproduces is found (harness/fuzz/example_verdict.py)."""
-        runs = verdict.intermittency
-        if not (verdict.timed_out and runs is not None and runs.failed == 1):
-            return False
-        self.set_aside.append(SetAside(scenario, verdict, self.examples, self.elapsed(),
-                                       "replay" if self.calls <= self.saved_at_start else "search"))
-        self.known.forget(scenario)  # its first run's verdict stands for no redraw
-        return True
-
-    def _stop(self, signal: BaseException) -> NoReturn:
-        if self.database is not None:
-            self.database.muted = True  # the example that ends the search is no failure
-        raise signal
-
-    def _judge(self, scenario: Scenario) -> ExampleVerdict:
-        """One world run, logged, reduced to the checker that matters."""
-        began = time.monotonic()
-        try:
-            result = judge_run(self.run(scenario))
-        except HarnessCannot as exc:
-            self._stop(_Cannot(exc))
-        self.examples += 1
-        self.tally.add_verdicts(result.verdicts())
-        if self.log_path is not None:
-            append(self.log_path, example_entry(self.run_id, self.variant.name, self.world,
-                                                scenario, result, time.monotonic() - began))
-        verdict = first_failure(result, self.variant.caught_by, self.hunt)
-        self.known.add(scenario, result, verdict)
-        return verdict
-
-    def confirmed(self, minimal: Scenario) -> tuple[Scenario, ExampleVerdict]:
-        """The smallest failure that fails again when rerun. Shrink steps are believed on one
-        run: the shrunk scenario, then the failures it was shrunk through (newest first, up to
-        CONFIRM_TRIES in all) are rerun; the first failure, confirmed when found, is the
-        fallback."""
-        seen: set[str] = set()
-        for candidate in (minimal, *reversed(self.believed)):
-            key = candidate.to_json()
-            if key in seen:
-                continue
-            if len(seen) == CONFIRM_TRIES:
-                break
-            seen.add(key)
-            verdict = self.verdict(candidate, shrink_bounded=False)
-            if candidate == self.first_failing:
-                return candidate, verdict
-            if not verdict.ok and not self._judge(candidate).ok:
-                return candidate, verdict
-            self.unconfirmed.append(candidate)
-        return self.first_failing, self.verdict(self.first_failing, shrink_bounded=False)
-
-    def begin_shrinker(self) -> None:
-        """The next shrinker starts: it has the shrink bounds to itself."""
-        self.shrink_from = (self.examples, self.elapsed())
-
-    def _shrink_spent(self, runs: int, began: float) -> bool:
-        b = self.budget
-        return (self.elapsed() - began > b.shrink_seconds
-                or (b.shrink_examples is not None and self.examples - runs >= b.shrink_examples))
-
-    def fails_like(self, scenario: Scenario, failure: _CheckerFailed,
-                   bounded: bool = False) -> bool:
-        # The structural pass tries a few candidates only (one step alone, one rank fewer),
-        # so it runs unbounded, even after Hypothesis's shrinking used up its bound.
-        verdict = self.verdict(scenario, shrink_bounded=bounded)
-        return verdict is not None and verdict.checker == failure.verdict.checker
-
-    def _spent(self) -> bool:
-        b = self.budget
-        return ((b.seconds is not None and self.elapsed() >= b.seconds)
-                or (b.examples is not None and self.examples >= b.examples))
 
 
 def scenario_strategy(variant: Variant, fixed: Mapping[str, Any],
@@ -281,12 +92,11 @@ def fuzz(variant: Variant, run: Callable[[Scenario], ScenarioHistory], *, world:
     key = database_key(variant, keyed_fields(fixed, schedules), dp_sizes)
     opened = open_database(database) if isinstance(database, str) else database
     db = StoppableDatabase(KeyedDatabase(opened, key)) if opened is not None else None
-    search = _Search(run, variant, world, budget, Path(log_path) if log_path else None,
+    search = Search(run, variant, world, budget, Path(log_path) if log_path else None,
                      progress, hunt, SharedFailures(opened, key) if opened is not None else None,
                      db)
     strategy = scheduled(scenario_strategy(variant, fixed, dp_sizes), schedules)
-    probe = _hypothesis_test(search, strategy, profile, db, seed)
-    failure, note = _run_until_settled(probe, search)
+    failure, note = _rounds(search, strategy, profile, db, seed)
     if failure is None and search.set_aside:
         first = search.set_aside[0]
         search.found_at, search.found_by = (first.examples, first.seconds), first.found_by
@@ -311,7 +121,7 @@ def fuzz(variant: Variant, run: Callable[[Scenario], ScenarioHistory], *, world:
                   world_flags)
 
 
-def _found(search: _Search, scenario: Scenario, verdict: ExampleVerdict, blob: str | None,
+def _found(search: Search, scenario: Scenario, verdict: ExampleVerdict, blob: str | None,
            note: str, scenario_dir: Path, world_flags: str) -> FuzzOutcome:
     """The finding saved as a regression scenario (the checker that must catch it, and the
     undo), logged, and reported."""
@@ -334,7 +144,25 @@ def _found(search: _Search, scenario: Scenario, verdict: ExampleVerdict, blob: s
     return outcome
 
 
-def _hypothesis_test(search: _Search, strategy: st.SearchStrategy[Scenario], profile: str,
+def _rounds(search: Search, strategy: st.SearchStrategy[Scenario], profile: str,
+            db: ExampleDatabase | None, seed: int | None
+            ) -> tuple[_CheckerFailed | _Intermittent | None, str]:
+    """Hypothesis runs until one fails or the budget is spent. Hypothesis gives up to half
+    of max_examples to hill-climbing the steering targets: one endless run bounded by time
+    alone would climb one example's scores from about its 200th draw to the end, so such a
+    search runs in rounds of ROUND_EXAMPLES, each drawn afresh under its own seed."""
+    for round_index in itertools.count():
+        before = search.examples
+        round_seed = None if seed is None else seed + round_index * 2**32
+        probe = _hypothesis_test(search, strategy, profile, db, round_seed)
+        failure, note = _run_until_settled(probe, search, first=round_index == 0)
+        if (failure is not None or note or search.budget.examples is not None
+                or search.examples == before):  # a round that ran nothing new: exhausted
+            return failure, note
+    raise AssertionError("unreachable")
+
+
+def _hypothesis_test(search: Search, strategy: st.SearchStrategy[Scenario], profile: str,
                      db: ExampleDatabase | None, seed: int | None) -> Callable[[], None]:
     """The Hypothesis test of one search: draw, steer, run on the world, fail on a verdict."""
 
@@ -362,12 +190,14 @@ def _hypothesis_test(search: _Search, strategy: st.SearchStrategy[Scenario], pro
                     suppress_health_check=list(HealthCheck))(test)
 
 
-def _run_until_settled(probe: Callable[[], None], search: _Search
+def _run_until_settled(probe: Callable[[], None], search: Search, first: bool = True
                        ) -> tuple[_CheckerFailed | _Intermittent | None, str]:
     """Run the Hypothesis test, again each time another process shares a failure (the
-    memo keeps what was run); returns the failure raised, or why the search ended."""
+    memo keeps what was run); returns the failure raised, or why the search ended.
+    `first`: the search's first round (its replays of saved failures are counted)."""
     while True:
-        search.begin_run()
+        search.begin_run(counted=first)
+        first = True
         try:
             probe()
             return None, ""
