@@ -37,6 +37,18 @@ def test_a_search_bounded_by_time_draws_afresh_each_round_under_its_own_seed(mon
     assert seeds[:2] == [7, 7 + 2**32] and len(set(seeds)) == len(seeds)
 
 
+def test_an_unseeded_search_under_the_ci_profile_goes_on_past_its_first_round(monkeypatch,
+                                                                               tmp_path):
+    monkeypatch.setattr(search_state, "ROUND_EXAMPLES", 15)
+    seeds = _seeds_of_each_run(monkeypatch)
+    with SimWorld(2, FUZZ_TIMEOUTS) as sim:
+        outcome = fuzz(VARIANTS["reference"], sim.run, world="sim", dp_sizes=(2,),
+                       budget=Budget(seconds=6.0), profile="ci", database=None,
+                       scenario_dir=tmp_path)
+    assert outcome.note == "budget spent" and outcome.examples > 15
+    assert seeds[:2] == [None, 2**32]
+
+
 def test_a_search_bounded_by_examples_is_one_run_of_that_many(monkeypatch, tmp_path):
     monkeypatch.setattr(search_state, "ROUND_EXAMPLES", 5)
     seeds = _seeds_of_each_run(monkeypatch)
@@ -57,3 +69,10 @@ def test_a_round_that_runs_nothing_new_ends_the_search_as_exhausted(monkeypatch,
     outcome = fuzz(VARIANTS["reference"], lambda scenario: None, world="sim", dp_sizes=(2,),
                    budget=Budget(seconds=60.0), database=None, seed=3, scenario_dir=tmp_path)
     assert calls == [3] and not outcome.found and outcome.note == "examples exhausted"
+
+
+def test_unseeded_rounds_draw_at_random_and_under_a_derandomizing_profile_apart():
+    assert [engine._round_seed(None, r, derandomized=False) for r in range(3)] == [None] * 3
+    assert [engine._round_seed(None, r, derandomized=True) for r in range(3)] == [
+        None, 2**32, 2 * 2**32]  # else each round would redraw the first's examples
+    assert engine._round_seed(9, 2, derandomized=False) == 9 + 2 * 2**32

@@ -151,15 +151,24 @@ def _rounds(search: Search, strategy: st.SearchStrategy[Scenario], profile: str,
     of max_examples to hill-climbing the steering targets: one endless run bounded by time
     alone would climb one example's scores from about its 200th draw to the end, so such a
     search runs in rounds of ROUND_EXAMPLES, each drawn afresh under its own seed."""
+    derandomized = settings.get_profile(profile).derandomize
     for round_index in itertools.count():
         before = search.examples
-        round_seed = None if seed is None else seed + round_index * 2**32
+        round_seed = _round_seed(seed, round_index, derandomized)
         probe = _hypothesis_test(search, strategy, profile, db, round_seed)
         failure, note = _run_until_settled(probe, search, first=round_index == 0)
         if (failure is not None or note or search.budget.examples is not None
                 or search.examples == before):  # a round that ran nothing new: exhausted
             return failure, note
     raise AssertionError("unreachable")
+
+
+def _round_seed(seed: int | None, round_index: int, derandomized: bool) -> int | None:
+    """The seed in the low 32 bits, the round above them. Unseeded rounds draw at random,
+    but under a derandomizing profile each round would draw as the first: their own seeds."""
+    if seed is None and (round_index == 0 or not derandomized):
+        return None
+    return (seed or 0) + round_index * 2**32
 
 
 def _hypothesis_test(search: Search, strategy: st.SearchStrategy[Scenario], profile: str,
