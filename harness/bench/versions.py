@@ -39,10 +39,12 @@ class Family:
 
 
 SEARCH = "harness/bench/version_searches"  # the config files of the 0.34 draft searches
-# The project's fixes of the guard and of 0.34's twin thresholds, as the release tested needs
-# them (harness/vllm_code/fixes.py): a family hunted beside them is not found as them.
+# The project's fixes of the guard, of 0.34's twin thresholds and of #55586, as the release
+# tested needs them (harness/vllm_code/fixes.py): a family hunted beside them is not found as
+# them (a faulted search of vLLM's execution finds #55586 within seconds).
 GUARD_FIX = ("--vllm-fix", "last-region-start.diff")
 TWINS_FIX = ("--vllm-fix", "twin-threshold-by-query-len.diff")
+UNWIND_FIX = ("--vllm-fix", "pr55586-unwind.diff")
 
 
 FAMILIES = (
@@ -69,7 +71,7 @@ FAMILIES = (
     Family("requests cut by untrimmed drafts", ("--sut", "vllm", "--exec", "vllm", "--mode",
                                                 "FULL_AND_PIECEWISE", "--config",
                                                 f"{SEARCH}/verify-q4.json", *GUARD_FIX,
-                                                *EXEC_WORLD),
+                                                *UNWIND_FIX, *EXEC_WORLD),
            ("tokens_in_their_requests", "matches_reference"), since="0.34"),
     # 0.34's fault tolerance: dead DP ranks left out only where a survivor was told (§7.25);
     # every twin reachable, as above, and the draft families never draw dead ranks.
