@@ -12,7 +12,10 @@ from harness.fuzz.variants import VARIANTS
 from harness.world.sim.world import SimWorld
 
 
-def _seeds_of_each_run(monkeypatch) -> list:
+def _reference_search(monkeypatch, tmp_path, round_examples: int, budget: Budget, **options):
+    """The reference search on the sim world in rounds of `round_examples`; its outcome and
+    the seed each Hypothesis run was given."""
+    monkeypatch.setattr(search_state, "ROUND_EXAMPLES", round_examples)
     seeds = []
     test_of = engine._hypothesis_test
 
@@ -21,17 +24,15 @@ def _seeds_of_each_run(monkeypatch) -> list:
         return test_of(search, strategy, profile, db, seed)
 
     monkeypatch.setattr(engine, "_hypothesis_test", recorded)
-    return seeds
+    with SimWorld(2, FUZZ_TIMEOUTS) as sim:
+        outcome = fuzz(VARIANTS["reference"], sim.run, world="sim", dp_sizes=(2,),
+                       budget=budget, database=None, scenario_dir=tmp_path, **options)
+    return outcome, seeds
 
 
 def test_a_search_bounded_by_time_draws_afresh_each_round_under_its_own_seed(monkeypatch,
                                                                               tmp_path):
-    monkeypatch.setattr(search_state, "ROUND_EXAMPLES", 15)
-    seeds = _seeds_of_each_run(monkeypatch)
-    with SimWorld(2, FUZZ_TIMEOUTS) as sim:
-        outcome = fuzz(VARIANTS["reference"], sim.run, world="sim", dp_sizes=(2,),
-                       budget=Budget(seconds=6.0), database=None, seed=7,
-                       scenario_dir=tmp_path)
+    outcome, seeds = _reference_search(monkeypatch, tmp_path, 15, Budget(seconds=6.0), seed=7)
     assert not outcome.found and outcome.note == "budget spent"
     assert outcome.examples > 15 and len(seeds) >= 2
     assert seeds[:2] == [7, 7 + 2**32] and len(set(seeds)) == len(seeds)
@@ -39,23 +40,15 @@ def test_a_search_bounded_by_time_draws_afresh_each_round_under_its_own_seed(mon
 
 def test_an_unseeded_search_under_the_ci_profile_goes_on_past_its_first_round(monkeypatch,
                                                                                tmp_path):
-    monkeypatch.setattr(search_state, "ROUND_EXAMPLES", 15)
-    seeds = _seeds_of_each_run(monkeypatch)
-    with SimWorld(2, FUZZ_TIMEOUTS) as sim:
-        outcome = fuzz(VARIANTS["reference"], sim.run, world="sim", dp_sizes=(2,),
-                       budget=Budget(seconds=6.0), profile="ci", database=None,
-                       scenario_dir=tmp_path)
+    outcome, seeds = _reference_search(monkeypatch, tmp_path, 15, Budget(seconds=6.0),
+                                       profile="ci")
     assert outcome.note == "budget spent" and outcome.examples > 15
     assert seeds[:2] == [None, 2**32]
 
 
 def test_a_search_bounded_by_examples_is_one_run_of_that_many(monkeypatch, tmp_path):
-    monkeypatch.setattr(search_state, "ROUND_EXAMPLES", 5)
-    seeds = _seeds_of_each_run(monkeypatch)
-    with SimWorld(2, FUZZ_TIMEOUTS) as sim:
-        outcome = fuzz(VARIANTS["reference"], sim.run, world="sim", dp_sizes=(2,),
-                       budget=Budget(examples=12, seconds=60.0), database=None, seed=7,
-                       scenario_dir=tmp_path)
+    outcome, seeds = _reference_search(monkeypatch, tmp_path, 5,
+                                       Budget(examples=12, seconds=60.0), seed=7)
     assert seeds == [7] and outcome.examples <= 12  # redraws are judged from the memo
 
 
