@@ -220,9 +220,11 @@ time.sleep(120)
 """.replace("CONFIG", repr(SMALL))
 
 
-def start_driver(mode: str) -> tuple[subprocess.Popen, dict]:
+def start_driver(mode: str, scratch: Path) -> tuple[subprocess.Popen, dict]:
+    # A driver killed outright cannot remove its world's folders: they go in `scratch`.
     proc = subprocess.Popen([sys.executable, "-c", DRIVER, mode], stdout=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": package_pythonpath()})
+                            env={**os.environ, "PYTHONPATH": package_pythonpath(),
+                                 "TMPDIR": str(scratch)})
     selector = selectors.DefaultSelector()
     selector.register(proc.stdout, selectors.EVENT_READ)
     try:
@@ -248,8 +250,8 @@ def wait_gone(pids: list[int]) -> list[int]:
     return [p for p in pids if not gone(p)]
 
 
-def test_closing_the_last_sandboxed_world_leaves_no_process_of_it():
-    driver, pids = start_driver("close")
+def test_closing_the_last_sandboxed_world_leaves_no_process_of_it(tmp_path):
+    driver, pids = start_driver("close", tmp_path)
     try:
         assert pids["leftover"] == []
         assert wait_gone([pids["runner"], pids["zygote"]]) == []
@@ -258,8 +260,8 @@ def test_closing_the_last_sandboxed_world_leaves_no_process_of_it():
         driver.wait(timeout=10)
 
 
-def test_no_process_of_the_sandbox_outlives_a_driver_that_was_killed():
-    driver, pids = start_driver("keep")
+def test_no_process_of_the_sandbox_outlives_a_driver_that_was_killed(tmp_path):
+    driver, pids = start_driver("keep", tmp_path)
     assert not gone(pids["runner"]) and not gone(pids["zygote"])
     driver.kill()
     driver.wait(timeout=10)

@@ -227,9 +227,11 @@ time.sleep(600)
 """
 
 
-def test_workers_and_torchrun_exit_by_themselves_when_the_driver_is_killed():
+def test_workers_and_torchrun_exit_by_themselves_when_the_driver_is_killed(tmp_path):
+    # A driver killed outright cannot remove its world's folders: they go in tmp_path.
     driver = subprocess.Popen([sys.executable, "-c", _DRIVER], cwd=ROOT, text=True,
-                              stdout=subprocess.PIPE, start_new_session=True)
+                              stdout=subprocess.PIPE, start_new_session=True,
+                              env={**os.environ, "TMPDIR": str(tmp_path)})
     try:
         line = driver.stdout.readline()
         pids = [int(p) for p in line.split()]
