@@ -9,7 +9,6 @@ budget, and shrinking stops after its own bounds, keeping the smallest failure s
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import shlex
 from collections.abc import Callable, Mapping
@@ -152,7 +151,8 @@ def _rounds(search: Search, strategy: st.SearchStrategy[Scenario], profile: str,
     alone would climb one example's scores from about its 200th draw to the end, so such a
     search runs in rounds of ROUND_EXAMPLES, each drawn afresh under its own seed."""
     derandomized = settings.get_profile(profile).derandomize
-    for round_index in itertools.count():
+    round_index = 0
+    while True:
         before = search.examples
         round_seed = _round_seed(seed, round_index, derandomized)
         probe = _hypothesis_test(search, strategy, profile, db, round_seed)
@@ -160,7 +160,7 @@ def _rounds(search: Search, strategy: st.SearchStrategy[Scenario], profile: str,
         if (failure is not None or note or search.budget.examples is not None
                 or search.examples == before):  # a round that ran nothing new: exhausted
             return failure, note
-    raise AssertionError("unreachable")
+        round_index += 1
 
 
 def _round_seed(seed: int | None, round_index: int, derandomized: bool) -> int | None:

@@ -38,7 +38,7 @@ from harness.scenario import Scenario
 
 CONFIRM_TRIES = 3  # shrunk failures rerun, newest first, before falling back to the first
 INTERMITTENT_RERUNS = 3  # more runs of a failure that passed its rerun: how often it fails
-ROUND_EXAMPLES = 1000  # per Hypothesis run of a search bounded by time alone (see _rounds)
+ROUND_EXAMPLES = 1000  # per Hypothesis run of a search bounded by time alone (engine.py, _rounds)
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,6 @@ class Budget:
     @property
     def max_examples(self) -> int:
         return self.examples if self.examples is not None else ROUND_EXAMPLES
-
 
 
 @dataclass
