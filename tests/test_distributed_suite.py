@@ -103,13 +103,16 @@ def graph_of(config, tokens: int) -> int:
 @pytest.mark.timeout(DETECTION_TIMEOUT_S)
 @pytest.mark.parametrize("name", BUGS)
 def test_the_fuzzer_finds_each_planted_bug_from_nothing_and_shrinks_it(
-        request, fuzz_world, tmp_path, name):
+        request, record_property, fuzz_world, tmp_path, name):
     variant = VARIANTS[name]
     if (why := variant.fits((fuzz_world.nproc,))) is not None:
         pytest.skip(why)
     outcome = fuzz(variant, fuzz_world.run, world=request.config.getoption("--world"),
                    dp_sizes=(fuzz_world.nproc,), budget=DETECTION_BUDGET, database=None,
                    scenario_dir=tmp_path, seed=0)
+    # Time to detection apart from the shrink and replays, for JUnit (`--junitxml`).
+    record_property("seconds_to_detection", outcome.seconds_to_detection)
+    record_property("examples_to_detection", outcome.examples_to_detection)
     assert outcome.found, (f"{name}: nothing found in {outcome.examples} examples, "
                            f"{outcome.seconds:.0f} s ({outcome.note})")
     assert outcome.checker in variant.caught_by, outcome.detail

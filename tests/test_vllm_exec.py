@@ -180,7 +180,7 @@ def test_a_thread_that_fails_in_its_device_set_up_hangs_the_starter_at_the_barri
     verdicts = failed(run(world, data))
     assert "vllm/v1/worker/gpu/ubatch_utils.py" in verdicts["liveness"]
     fixed = run(world, data, (FIX,))
-    assert fixed.ok, failed(fixed)
+    assert fixed.ok, f"{failed(fixed)}\n{fixed.evidence}"
 
 
 # What the hunts found in one release's execution code, replayed where it is installed.

@@ -137,11 +137,14 @@ def join_group(backend: str, device_type: str, timeout_s: float,
     torch.cuda.set_device(device)
     dist.init_process_group("cpu:gloo,cuda:nccl", timeout=timeout, device_id=device,
                             **(group_args or {}))
-    # NCCL connects a pair of ranks at their first exchange, and the call that issues it
-    # blocks until the peer makes it too: connect every pair now, while every rank is here,
-    # not in a step a peer may skip (measured: an unbounded hang in the issuing thread).
+    # NCCL connects ranks at the first collective of each kind (pairs for the all-to-all, a
+    # ring for the gather), and the call that issues it blocks until the peer makes it too:
+    # connect them now, while every rank is here, not in a step a peer may skip (measured:
+    # an unbounded hang in the issuing thread, the all-to-all's and, H100, the ids gather's).
     size = dist.get_world_size()
     dist.all_to_all_single(torch.empty(size, device=device), torch.zeros(size, device=device))
+    dist.all_gather_into_tensor(torch.empty(size, device=device), torch.zeros(1, device=device))
+    dist.all_reduce(torch.zeros(1, device=device))
     torch.cuda.synchronize(device)
     preload_failure_imports()
     return str(device)
