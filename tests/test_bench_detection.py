@@ -111,23 +111,27 @@ def test_the_reference_column_hunts_vllms_bugs_with_the_references_draws_under_i
         assert (variant.fault_kinds, variant.fault_every) == (executing.fault_kinds,
                                                               executing.fault_every)
         assert variant.drawn == executing.drawn  # no draw of the hunt's own survives
-        # A shipped bug keeps its class filter; a slip is hunted with none, on vLLM with its
-        # own bugs fixed, so that the reference does not find #55586 or the guard instead.
-        patches = [p.name for p in search["fixed"].get("vllm_patches", ())]
+        # A shipped bug keeps its class filter, on vLLM with every other known bug fixed (its
+        # fault-free examples count any failure); a slip is hunted with no filter, on vLLM with
+        # its own bugs fixed, so that the reference does not find #55586 or the guard instead.
+        patches = tuple(p.name for p in search["fixed"].get("vllm_patches", ()))
         if name in VLLM_SHIPPED:
-            assert search["hunt"] == EXEC_VARIANTS[name].hunt and patches == []
+            assert search["hunt"] == EXEC_VARIANTS[name].hunt
+            assert patches == ("last-region-start.diff",)
         else:
             # 0.33.0 (stood in here) has no twin-threshold fix: one written for 0.34 only.
-            fixes = KNOWN_FIXES[:2]
-            assert search["hunt"] is None and tuple(patches) == fixes
-            opened = next(o for o in FakePool.opened if o["pool"] is search["pool"])
-            warm = [s for s in opened["pool"].ran if s.config.system.vllm_patches]
-            assert tuple(p.name for p in warm[0].config.system.vllm_patches) == fixes
+            assert search["hunt"] is None and patches == KNOWN_FIXES[:2]
+        # The world each seed starts from was warmed on the same patched vLLM.
+        opened = next(o for o in FakePool.opened if o["pool"] is search["pool"])
+        warmed = {tuple(p.name for p in s.config.system.vllm_patches)
+                  for s in opened["pool"].ran}
+        assert patches in warmed
     # The world is warmed before each seed: a hang of the seed before costs no relaunch here.
     assert [s["warmed"] for s in fake_search] == list(range(1, len(fake_search) + 1))
     assert {row.note for row in rows if row.variant in VLLM_SLIPS} == {
         f"on vLLM with {', '.join(KNOWN_FIXES[:2])}"}
-    assert all(row.note == "" for row in rows if row.variant in VLLM_SHIPPED)
+    assert {row.note for row in rows if row.variant in VLLM_SHIPPED} == {
+        "on vLLM with last-region-start.diff"}
 
 
 def test_the_known_fixes_are_read_as_written_for_the_installed_release():

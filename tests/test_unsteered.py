@@ -18,7 +18,6 @@ from harness.fuzz.unsteered import (
     STEERING_FIELDS,
     faults_never_drawn,
     reference_fault_note,
-    shipped_class_hunt,
     unsteered,
 )
 from harness.fuzz.variants import EXEC_VARIANTS, VARIANTS, Variant, reference_for
@@ -80,7 +79,7 @@ def test_every_bug_unsteered_plants_the_same_bug_under_the_references_search(var
     assert hunted.undo == variant.undo  # the same switches take the bug out again
     reference = reference_for(variant.setting)
     for name in SEARCH_NARROWING:
-        kept = name == "hunt" and shipped_class_hunt(variant)
+        kept = name == "hunt" and variant.hunts_a_shipped_class
         assert getattr(hunted, name) == getattr(variant if kept else reference, name), name
 
 
@@ -101,10 +100,10 @@ def test_each_vllm_execution_bug_unsteered_keeps_its_code_and_draws_the_referenc
 
 
 def test_a_class_filter_is_kept_only_for_a_hunt_of_code_as_it_ships():
-    assert shipped_class_hunt(EXEC_VARIANTS["vllm-exec-hang"])
-    assert not shipped_class_hunt(EXEC_VARIANTS["ht-missing-compute-wait"])  # planted
-    assert not shipped_class_hunt(EXEC_VARIANTS["vllm-exec"])  # the fault-free reference
-    assert not shipped_class_hunt(FULLY_STEERED)  # planted, hunted by one checker
+    assert EXEC_VARIANTS["vllm-exec-hang"].hunts_a_shipped_class
+    assert not EXEC_VARIANTS["ht-missing-compute-wait"].hunts_a_shipped_class  # planted
+    assert not EXEC_VARIANTS["vllm-exec"].hunts_a_shipped_class  # the fault-free reference
+    assert not FULLY_STEERED.hunts_a_shipped_class  # planted, hunted by one checker
     assert unsteered(FULLY_STEERED).hunt is None
 
 

@@ -12,7 +12,8 @@ Two columns: steered, each variant's own search (its draws, faults and hunt narr
 bug), and reference, its bug alone hunted by the reference's strategies (what a user's `fuzz`
 runs: harness/fuzz/unsteered.py; under vLLM's execution, the reference's search there, with a
 shipped bug's class filter). A slip's reference row runs on vLLM with its own bugs fixed
-(KNOWN_FIXES), so that it times the slip alone: the reference would find those first."""
+(KNOWN_FIXES), a shipped bug's with the others fixed, so that it times that bug alone: the
+reference would find those first."""
 
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ VLLM_ROWS = (*VLLM_SHIPPED, *VLLM_SLIPS)
 # applied there only.
 KNOWN_FIXES = ("pr55586-unwind.diff", "last-region-start.diff",
                "twin-threshold-by-query-len.diff", "verify-slices-by-device-layout.diff")
+SHIPPED_FIX = KNOWN_FIXES[0]  # #55586's: the bug the shipped rows time
 # vLLM's execution keeps a process per rank, so on the sim world too it runs on a torchrun
 # world (harness.world.world_for): DP 2 on both, as on the torchrun world.
 VLLM_DP = 2
@@ -138,21 +140,24 @@ def vllm_slip_rows(world: str, seeds: list[int], budget_s: float, names: list[st
 
 
 def alone(variant: Variant, column: str, release: str) -> dict:
-    """The fields that leave `variant`'s bug alone in `column`: a slip hunted by the
-    reference runs on vLLM with its own known bugs fixed (its faults would find #55586 first,
-    its decisions the guard); anything else needs none."""
-    if column == STEERED or variant.name not in VLLM_SLIPS:
+    """The fields that leave `variant`'s bug alone in `column`. Hunted by the reference, a slip
+    runs on vLLM with its known bugs fixed (its faults would find #55586 first, its decisions
+    the guard), and a shipped class with every known bug fixed but #55586 itself (a fault-free
+    example's failure counts in a class hunt: the guard would be found first). Its own search
+    needs none."""
+    if column == STEERED or variant.name not in VLLM_ROWS:
         return {}
-    return {"vllm_patches": known_fixes(release)}
+    unfixed = (SHIPPED_FIX,) if variant.name in VLLM_SHIPPED else ()
+    return {"vllm_patches": known_fixes(release, unfixed)}
 
 
-def known_fixes(release: str) -> tuple:
-    """KNOWN_FIXES as written against `release` ("0.34"), else against 0.33.0, where
-    there is one."""
+def known_fixes(release: str, unfixed: tuple[str, ...] = ()) -> tuple:
+    """KNOWN_FIXES but those named in `unfixed`, as written against `release` ("0.34"), else
+    against 0.33.0, where there is one."""
     from harness.vllm_code.fixes import fix_path
     from harness.vllm_code.source import read_patch
 
-    found = [fix_path(name, release) for name in KNOWN_FIXES]
+    found = [fix_path(name, release) for name in KNOWN_FIXES if name not in unfixed]
     return tuple(read_patch(path) for path in found if path is not None)
 
 
@@ -260,7 +265,8 @@ def _print_legend(rows: list[DetectionRow], columns: list[str]) -> None:
     if UNSTEERED in columns and any(row.variant in VLLM_ROWS for row in rows):
         print(f"{UNSTEERED} under vLLM's execution: {_reference_draws(_EXEC_REFERENCE)}, "
               f"configs leaning to eager microbatched steps; {', '.join(VLLM_SHIPPED)} keep "
-              f"their class filter (the plain --sut vllm --exec vllm hunts each class)")
+              f"their class filter on faulted examples (the plain --sut vllm --exec vllm "
+              f"hunts each class)")
     if any(row.variant in VLLM_ROWS and not row.skipped for row in rows):
         print(f"{', '.join(VLLM_ROWS)}: sut vllm, exec vllm, DP {VLLM_DP} on torchrun rank "
               f"processes on either world (vLLM's execution keeps a process per rank)")

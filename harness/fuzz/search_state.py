@@ -65,7 +65,8 @@ class Search:
     budget: Budget
     log_path: Path | None
     progress: Callable[[int, float, bool], None] | None
-    hunt: tuple[str, ...] | None = None  # only these checkers' failures count
+    # Only these checkers' failures count (of a faulted example, in a class hunt of vLLM).
+    hunt: tuple[str, ...] | None = None
     shared: SharedFailures | None = None
     database: StoppableDatabase | None = None
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
@@ -174,7 +175,9 @@ class Search:
         if self.log_path is not None:
             append(self.log_path, example_entry(self.run_id, self.variant.name, self.world,
                                                 scenario, result, time.monotonic() - began))
-        verdict = first_failure(result, self.variant.caught_by, self.hunt)
+        sorted_by_class = self.hunt if scenario.faults or \
+            not self.variant.hunts_a_shipped_class else None
+        verdict = first_failure(result, self.variant.caught_by, sorted_by_class)
         self.known.add(scenario, result, verdict)
         return verdict
 

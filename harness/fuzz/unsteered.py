@@ -39,7 +39,7 @@ def unsteered(variant: Variant, reference: Variant | None = None) -> Variant:
     narrows (graph modes, capture sizes, drafts), `fault_kinds` and `fault_every` (a
     protocol bug must show under the reference's own fault draws: `reference_fault_note`),
     and `hunt` (a filter on which checkers' failures count), except for a bug of vLLM's code
-    as it ships (`shipped_class_hunt`)."""
+    as it ships (`Variant.hunts_a_shipped_class`)."""
     reference = reference or reference_for(variant.setting)
     lives_in = {*(f.name for f in fields(System)), *POLICIES}
     switches = {f.name for f in fields(Mutation)}
@@ -48,15 +48,7 @@ def unsteered(variant: Variant, reference: Variant | None = None) -> Variant:
         reference, **bug,
         setting=(*reference.setting, *((n, v) for n, v in variant.setting if n in lives_in)),
         drawn=(*reference.drawn, *((n, s) for n, s in variant.drawn if n in switches)),
-        hunt=variant.hunt if shipped_class_hunt(variant) else reference.hunt)
-
-
-def shipped_class_hunt(variant: Variant) -> bool:
-    """A hunt for one failure class of vLLM's code as it ships (nothing planted): its filter
-    is kept. The user's plain `--sut vllm --exec vllm` runs one search per class
-    (EXEC_DEFAULT_HUNTS), since one code shows both of #55586's failures and a search ends at
-    its first; the filter narrows no draw."""
-    return bool(variant.hunt) and not variant.is_reference and not variant.mutation.planted()
+        hunt=variant.hunt if variant.hunts_a_shipped_class else reference.hunt)
 
 
 def faults_never_drawn(variant: Variant, reference: Variant | None = None

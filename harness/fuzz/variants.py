@@ -58,6 +58,15 @@ class Variant:
         return not self.caught_by
 
     @property
+    def hunts_a_shipped_class(self) -> bool:
+        """A hunt for one failure class of vLLM's code as it ships (nothing planted). The
+        plain `--sut vllm --exec vllm` runs one per class (EXEC_DEFAULT_HUNTS): one code shows
+        both of #55586's failures under faults, and a search ends at its first. The filter
+        sorts what faulted examples fail of; a fault-free example's failure is a finding of
+        whatever checker it fails, or a wrong result would pass every class hunt."""
+        return bool(self.hunt) and not self.is_reference and not self.mutation.planted()
+
+    @property
     def changes(self) -> tuple[tuple[str, Any], ...]:
         """The flat config fields that plant the bug: the setting, then the mutation."""
         planted = tuple((name, wire_value(getattr(self.mutation, name)))
