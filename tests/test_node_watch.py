@@ -115,10 +115,12 @@ def test_a_node_elsewhere_stops_its_agent_when_the_drivers_beat_stands_still(tmp
 @pytest.mark.dist
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
-def test_no_launcher_agent_or_worker_outlives_a_driver_that_was_signalled(request, sig):
+def test_no_launcher_agent_or_worker_outlives_a_driver_that_was_signalled(request, sig,
+                                                                          tmp_path):
     if request.config.getoption("--nnodes") < 2:
         pytest.skip("two torchrun agents on loopback: run under make test-dp NNODES=2")
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    # A killed driver cannot remove its folders: they go in pytest's, not in /tmp.
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(tmp_path))
     driver = subprocess.Popen([sys.executable, "-c", DRIVER], env=env, cwd=ROOT,
                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                               stderr=subprocess.DEVNULL, start_new_session=True)
