@@ -49,9 +49,9 @@ VLLM_ROWS = (*VLLM_SHIPPED, *VLLM_SLIPS)
 # narrower query lengths, never replayed), under the installed release's directory where they
 # were rebased, else as written against 0.33.0; one written for a later release only is
 # applied there only.
-KNOWN_FIXES = ("pr55586-unwind.diff", "last-region-start.diff",
+SHIPPED_FIX = "pr55586-unwind.diff"  # #55586's: the bug the shipped rows time
+KNOWN_FIXES = (SHIPPED_FIX, "last-region-start.diff",
                "twin-threshold-by-query-len.diff", "verify-slices-by-device-layout.diff")
-SHIPPED_FIX = KNOWN_FIXES[0]  # #55586's: the bug the shipped rows time
 # vLLM's execution keeps a process per rank, so on the sim world too it runs on a torchrun
 # world (harness.world.world_for): DP 2 on both, as on the torchrun world.
 VLLM_DP = 2
