@@ -76,6 +76,19 @@ class HarnessConfig:
     def __post_init__(self) -> None:
         self._validate()
 
+    def __hash__(self) -> int:
+        # Caches all over key on a config; hashing every field of its parts each time cost
+        # about 10 us, several times per vLLM sync of the exhaustive mode. Kept per process.
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash((self.serving, self.model, self.mutation, self.system))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A hash is only good in the process that computed it (str hashes are salted).
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     @classmethod
     def of(cls, **flat: Any) -> HarnessConfig:
         """A config from flat fields (the wire form's names), each routed to its part; the

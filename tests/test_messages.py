@@ -213,7 +213,7 @@ def test_a_run_whose_worker_is_of_another_version_ends_in_one_line_and_kills_it(
         monkeypatch, tmp_path, capsys):
     started: list[subprocess.Popen] = []
 
-    def old_worker_launch(nproc: int, worker_args: list[str]) -> AgentLaunch:
+    def old_worker_launch(nproc: int, worker_args: list[str], zygote_env=None) -> AgentLaunch:
         key = new_control_key()
         server = ControlServer(key)
         proc = subprocess.Popen([sys.executable, "-c", OLD_WORKER.replace("KEY_ENV",

@@ -60,8 +60,9 @@ def gpu_memory_used_mib() -> int | None:
 
 
 def worker_pids(world: TorchrunWorld) -> list[int]:
-    """The rank processes: torchrun's children."""
-    return [c.pid for c in psutil.Process(world.agent_pid).children(recursive=True)]
+    """The rank processes (forked from a zygote on CPU) and torchrun's children."""
+    shims = [c.pid for c in psutil.Process(world.agent_pid).children(recursive=True)]
+    return [*world.rank_pids.values(), *shims]
 
 
 def run_and_check_cleanup(world: TorchrunWorld, case):
@@ -222,7 +223,8 @@ world = TorchrunWorld(2)
 world.start()
 import psutil
 workers = [c.pid for c in psutil.Process(world.agent_pid).children(recursive=True)]
-print(" ".join(map(str, [world.agent_pid, *workers])), flush=True)
+ranks = [*world.rank_pids.values(), world.rig.zygote_pid]
+print(" ".join(map(str, [world.agent_pid, *workers, *ranks])), flush=True)
 time.sleep(600)
 """
 
@@ -235,7 +237,7 @@ def test_workers_and_torchrun_exit_by_themselves_when_the_driver_is_killed(tmp_p
     try:
         line = driver.stdout.readline()
         pids = [int(p) for p in line.split()]
-        assert len(pids) == 3, line
+        assert len(pids) == 6, line  # torchrun, two shims, two ranks, their zygote
         driver.send_signal(signal.SIGKILL)
         driver.wait(timeout=10)
         assert gone_within(pids, 15) == []

@@ -60,8 +60,11 @@ def contribution(config: HarnessConfig, rank: int, batch: RankBatch) -> torch.Te
 
 def vllm_plans_without_world(config: HarnessConfig,
                              batches: Sequence[RankBatch]) -> list[StepPlan]:
-    """Every rank's plan, as vLLM's code for `config` makes it, with no process group."""
-    total = sum(contribution(config, rank, b) for rank, b in enumerate(batches))
-    return [plan_step(config, rank, b,
-                      sync_with(_SummedAlready(total, frozenset(b.knows_dead)), config, rank, b))
+    """Every rank's plan, as vLLM's code for `config` makes it, with no process group; under
+    inference mode, as vLLM's runner calls its sync (execute_model), which spares every
+    small tensor op of the sync autograd's bookkeeping."""
+    with torch.inference_mode():
+        total = sum(contribution(config, rank, b) for rank, b in enumerate(batches))
+        return [plan_step(config, rank, b, sync_with(
+            _SummedAlready(total, frozenset(b.knows_dead)), config, rank, b))
             for rank, b in enumerate(batches)]

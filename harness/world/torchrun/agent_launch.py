@@ -22,6 +22,7 @@ import psutil
 from harness.world.channel.control_server import ControlServer
 from harness.world.channel.wire import CONTROL_KEY_ENV, new_control_key
 from harness.world.processes.lifecycle import kill_all, package_pythonpath, wait_or_signal
+from harness.world.torchrun import rank_shim
 from harness.world.trace_layout import TraceLayout
 
 STOP_TIMEOUT_S = 10.0
@@ -52,19 +53,25 @@ class AgentLaunch:
         return survivors
 
 
-def launch_agent(nproc: int, worker_args: list[str]) -> AgentLaunch:
+def launch_agent(nproc: int, worker_args: list[str],
+                 zygote_env: dict[str, str] | None = None) -> AgentLaunch:
     """Start torchrun's agent with `nproc` ranks of harness.world.torchrun.worker, tied to this
-    process (harness/world/torchrun/agent_guard.py); the ranks get a fresh key by environment."""
+    process (harness/world/torchrun/agent_guard.py); the ranks get a fresh key by environment.
+    `zygote_env`: torchrun starts rank shims instead, whose ranks a zygote forks
+    (harness/world/torchrun/rank_zygote.py); this is what the shims need to reach it."""
     trace_dir = Path(tempfile.mkdtemp(prefix="dbo-world-"))
     key = new_control_key()  # fresh per launch; reaches the workers by environment only
     server = ControlServer(key)
     me = str(os.getpid())
+    # The shim runs as a script: importing the package would import torch, what it saves.
+    rank = ([str(Path(rank_shim.__file__))] if zygote_env
+            else ["-m", "harness.world.torchrun.worker"])
     cmd = [sys.executable, "-m", "harness.world.torchrun.agent_guard", "--driver-pid", me, "--",
            "--standalone", f"--nproc-per-node={nproc}", "--max-restarts=0",
-           "-m", "harness.world.torchrun.worker", "--control", f"127.0.0.1:{server.port}",
+           *rank, "--control", f"127.0.0.1:{server.port}",
            "--driver-pid", me, "--trace-dir", str(trace_dir), *worker_args]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=package_pythonpath(),
-               **{CONTROL_KEY_ENV: key.hex()})
+               **{CONTROL_KEY_ENV: key.hex()}, **(zygote_env or {}))
     try:
         with open(TraceLayout(trace_dir).torchrun_log, "wb") as log:  # the agent keeps its own copy
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,

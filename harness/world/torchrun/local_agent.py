@@ -27,6 +27,7 @@ from harness.world.torchrun.agent_launch import (
 )
 from harness.world.torchrun.gpus import GpuLayout, pids_holding_gpu_memory
 from harness.world.torchrun.launch import Formation, WorldError
+from harness.world.torchrun.zygote_client import RankZygote
 from harness.world.trace_layout import TraceLayout
 
 TERM_GRACE_S = 2.0  # for torchrun to stop its workers on SIGTERM
@@ -47,6 +48,10 @@ class LocalAgent:
         self._spares: list[AgentLaunch] = []  # oldest first: the likeliest to have booted
         self._proc: subprocess.Popen | None = None
         self._dir: Path | None = None
+        # CPU ranks are forked from a zygote that imported torch (and vLLM) once; CUDA ranks
+        # start as their own interpreters (a fork after CUDA's set-up is unusable).
+        self.forks_ranks = device == "cpu"
+        self._zygote: RankZygote | None = None
 
     @property
     def alive(self) -> bool:
@@ -55,6 +60,11 @@ class LocalAgent:
     @property
     def agent_pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
+
+    @property
+    def zygote_pid(self) -> int | None:
+        """The process the ranks are forked from (None: CUDA ranks, or none started yet)."""
+        return self._zygote.proc.pid if self._zygote is not None else None
 
     @property
     def spare(self) -> AgentLaunch | None:
@@ -79,7 +89,20 @@ class LocalAgent:
         return launch_agent(self.nproc, [
             "--backend", self.backend, "--device", self.device,
             "--collective-timeout", str(timeouts.collective_s),
-            *(["--preload-vllm"] if self.preload_vllm else [])])
+            *(["--preload-vllm"] if self.preload_vllm else [])], self._zygote_env())
+
+    def _zygote_env(self) -> dict[str, str] | None:
+        if not self.forks_ranks:
+            return None
+        if self._zygote is None or not self._zygote.alive:
+            if self._zygote is not None:
+                self._zygote.close()
+            self._zygote = RankZygote(self.preload_vllm)
+        return self._zygote.launch_env
+
+    def _settle_forked(self) -> list[int]:
+        """Ranks forked for launches whose shims are gone, reaped; those that would not die."""
+        return self._zygote.settle() if self._zygote is not None else []
 
     def _boot_spares(self, timeouts: Timeouts) -> None:
         while len(self._spares) < self.spares:
@@ -91,6 +114,7 @@ class LocalAgent:
             if spare.alive:
                 return spare
             spare.discard()
+            self._settle_forked()
         return None
 
     def _launcher_alive(self) -> None:
@@ -116,6 +140,9 @@ class LocalAgent:
         spares, self._spares = self._spares, []
         for spare in spares:
             survivors += spare.discard()
+        if self._zygote is not None:
+            survivors += self._settle_forked() + self._zygote.close()
+            self._zygote = None
         return survivors
 
     def _close_live(self, links: RankLinks, grace_s: float = TERM_GRACE_S) -> list[int]:
@@ -125,7 +152,7 @@ class LocalAgent:
             wait_or_signal(self._proc, grace_s, signal.SIGTERM)
             wait_or_signal(self._proc, STOP_TIMEOUT_S, signal.SIGKILL)
         pids = list(links.pids.values())
-        survivors = kill_all(pids)
+        survivors = kill_all(pids) + self._settle_forked()
         if self.device == "cuda":
             survivors += pids_holding_gpu_memory(pids)
         links.close()

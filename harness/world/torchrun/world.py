@@ -32,9 +32,10 @@ from harness.world.vllm_slots import register_vllm_code
 
 __all__ = ["LAUNCH_TIMEOUT_S", "STOP_TIMEOUT_S", "TorchrunWorld", "WorldError"]
 
-# Spares of a world that imports vLLM's code, booted from its start on any machine: a
-# relaunch imports vLLM again (20-45 s on a loaded 2-core machine) and a hunt's first hang
-# is rerun at once, so a hang and its rerun each find a world ready.
+# Spares of a world that imports vLLM's code, booted from its start on any machine: a hunt's
+# first hang is rerun at once, so a hang and its rerun each find a world ready. On CUDA a
+# launch imports vLLM again (20-45 s on a loaded 2-core machine); CPU ranks are forked from
+# the world's zygote, so a spare costs little more than torchrun's agent (2.5 s of CPU).
 VLLM_SPARES = 2
 
 
