@@ -32,17 +32,19 @@ def _reference_search(monkeypatch, tmp_path, round_examples: int, budget: Budget
 
 def test_a_search_bounded_by_time_draws_afresh_each_round_under_its_own_seed(monkeypatch,
                                                                               tmp_path):
-    outcome, seeds = _reference_search(monkeypatch, tmp_path, 15, Budget(seconds=6.0), seed=7)
+    # Rounds of 5: a loaded 2-core machine ran 16-17 examples of this seed in 6 s, so rounds
+    # of 15 left one example of room.
+    outcome, seeds = _reference_search(monkeypatch, tmp_path, 5, Budget(seconds=6.0), seed=7)
     assert not outcome.found and outcome.note == "budget spent"
-    assert outcome.examples > 15 and len(seeds) >= 2
+    assert outcome.examples > 5 and len(seeds) >= 2
     assert seeds[:2] == [7, 7 + 2**32] and len(set(seeds)) == len(seeds)
 
 
 def test_an_unseeded_search_under_the_ci_profile_goes_on_past_its_first_round(monkeypatch,
                                                                                tmp_path):
-    outcome, seeds = _reference_search(monkeypatch, tmp_path, 15, Budget(seconds=6.0),
+    outcome, seeds = _reference_search(monkeypatch, tmp_path, 5, Budget(seconds=6.0),
                                        profile="ci")
-    assert outcome.note == "budget spent" and outcome.examples > 15
+    assert outcome.note == "budget spent" and outcome.examples > 5
     assert seeds[:2] == [None, 2**32]
 
 
