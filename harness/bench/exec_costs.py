@@ -10,8 +10,8 @@ and where each rank's time goes.
 - fault-free examples/s: the fault-free `--exec vllm` search's own draws (`vllm-exec`, the
   harness deciding), one per round trip, judged as the search judges them, after clean
   examples for SETTLE_COLD_STARTS cold starts (a search's first fault comes that late);
-- per phase: the imports (a fresh interpreter), launch and group (the cold start less them),
-  then per example the capture, the steps, the judge, and the rest (the runtime's build,
+- per phase: the imports (a fresh interpreter), the CPU of a cold start's processes, then per
+  example the capture, the steps, the judge, and the rest (the runtime's build,
   messages, the driver's reading).
 
 `python -m harness.bench.exec_costs [--against DIR]` prints the rows; with `--against`, the
@@ -161,6 +161,17 @@ def settle(world: TorchrunWorld, examples: list[Scenario], seconds: float) -> No
                 return
 
 
+def cold_start_cpu() -> float:
+    """The CPU a vLLM world's start costs: torchrun's agent and every rank (each importing
+    torch and vLLM, or forked from a zygote that imported them once), on a world without
+    spares, so that nothing else is booting."""
+    import psutil
+
+    with TorchrunWorld(2, "gloo", FUZZ_TIMEOUTS, preload_vllm=True, spares=0) as world:
+        world.start()
+        return sum(sum(p.cpu_times()[:2]) for p in psutil.Process().children(recursive=True))
+
+
 def measure(count: int) -> dict[str, float]:
     """Every row of this checkout, in seconds (rates in examples/s)."""
     torch_s, vllm_s = import_seconds()
@@ -179,9 +190,7 @@ def measure(count: int) -> dict[str, float]:
             "deadline to the rerun running": to_rerun,
             "deadline to the next example running": to_clean, "fault-free examples/s": rate,
             "rank: import torch": torch_s, "rank: import vLLM's code": vllm_s,
-            # torchrun's agent, the handshake and the gloo group: what the imports leave.
-            "rank: launch + group (cold start less imports)":
-                max(0.0, starts[0] - torch_s - vllm_s),
+            "cold start: CPU seconds of its processes (no spares)": cold_start_cpu(),
             "per example: capture": phases.capture / n, "per example: steps": phases.step / n,
             "per example: judge": phases.judge / n,
             "per example: runtime build + transport": phases.rest / n}
