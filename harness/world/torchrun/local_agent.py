@@ -174,7 +174,9 @@ class LocalAgent:
 
     def _log_tail(self) -> str:
         log = TraceLayout(self._dir).torchrun_log if self._dir else None
-        return log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
+        tail = log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
+        zygote = self._zygote.log_tail() if self._zygote is not None else ""
+        return tail + (f"\nthe rank zygote's log:\n{zygote}" if zygote else "")
 
 
 def _no_more_to_say(hello: WorkerHello) -> None:

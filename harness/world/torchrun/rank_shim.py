@@ -27,6 +27,7 @@ import time
 SOCKET_ENV = "DBO_HARNESS_ZYGOTE_SOCKET"
 KEY_ENV = "DBO_HARNESS_ZYGOTE_KEY"
 CONNECT_S = 60.0  # the zygote binds its socket within seconds of the driver starting it
+REFUSED_S = 1.0  # between its bind and its listen
 PR_SET_PDEATHSIG = 1
 
 
@@ -75,14 +76,19 @@ def proof(key: bytes, nonce: bytes) -> bytes:
 
 def _connect(path: str, key: bytes) -> socket.socket:
     """The zygote's connection, once this shim proved the key (the zygote's nonce, signed)."""
-    deadline = time.monotonic() + CONNECT_S
+    deadline, refused_until = time.monotonic() + CONNECT_S, None
     while True:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(path)
             break
-        except (FileNotFoundError, ConnectionRefusedError):
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
             sock.close()
+            # Not there yet: the zygote is starting. Refused: bound but not listening yet, a
+            # moment; for longer, the zygote is gone (its log says why).
+            if isinstance(exc, ConnectionRefusedError):
+                refused_until = refused_until or time.monotonic() + REFUSED_S
+                deadline = min(deadline, refused_until)
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)

@@ -193,9 +193,12 @@ def main(argv: list[str] | None = None) -> int:
     from harness.world.torchrun import worker  # noqa: F401  torch, for every rank to share
 
     if args.preload_vllm:
-        from harness.vllm_exec import runtime_class
+        try:
+            from harness.vllm_exec import runtime_class
 
-        runtime_class()
+            runtime_class()
+        except Exception:  # each rank imports it again and names the error as it always did
+            traceback.print_exc()
     Zygote(listener, control, key).serve()
     return 0
 
