@@ -56,7 +56,9 @@ NO_GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU is vis
 @pytest.fixture(scope="module", params=["gloo", pytest.param("nccl", marks=[pytest.mark.gpu,
                                                                            NO_GPU])])
 def world(request):
-    with TorchrunWorld(2, request.param, timeouts=TIMEOUTS) as w:
+    # Preloaded: on the CPU its ranks are forked from a zygote that imported vLLM once, where
+    # each launch after a failure had both ranks import it again (about 8 s of CPU each).
+    with TorchrunWorld(2, request.param, timeouts=TIMEOUTS, preload_vllm=True) as w:
         yield w
 
 
