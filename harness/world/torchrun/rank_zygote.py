@@ -30,6 +30,7 @@ import sys
 import time
 import traceback
 
+from harness.world.multinode.nodes import peer_closed
 from harness.world.processes.parent_death import die_with_parent
 from harness.world.torchrun.rank_shim import (
     KEY_ENV,
@@ -135,7 +136,7 @@ class Zygote:
 
     def _settle(self) -> list[int]:
         """Reap every rank whose shim is gone; the pids still alive after SETTLE_S."""
-        gone = [pid for pid, shim in self.shims.items() if _closed(shim)]
+        gone = [pid for pid, shim in self.shims.items() if peer_closed(shim.fileno())]
         for rank_pid in gone:
             self._kill(rank_pid)
         deadline = time.monotonic() + SETTLE_S
@@ -165,16 +166,6 @@ class Zygote:
                 except OSError:
                     pass
                 shim.close()
-
-
-def _closed(sock: socket.socket) -> bool:
-    """Whether the peer closed (readable with nothing to read) or reset the connection."""
-    if not select.select([sock], [], [], 0)[0]:
-        return False
-    try:
-        return sock.recv(1, socket.MSG_PEEK) == b""
-    except OSError:
-        return True
 
 
 def main(argv: list[str] | None = None) -> int:
